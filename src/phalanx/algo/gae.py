@@ -1,0 +1,48 @@
+"""Generalized advantage estimation with the boundary semantics of DESIGN.md section 2."""
+
+from __future__ import annotations
+
+import torch
+
+
+def compute_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    next_values: torch.Tensor,
+    terminated: torch.Tensor,
+    truncated: torch.Tensor,
+    gamma: float,
+    gae_lambda: float,
+    active: torch.Tensor | None = None,
+    trial_end: torch.Tensor | None = None,
+    trial_bootstrap: str = "continue",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Advantages and value targets, all tensors [T, ...].
+
+    `next_values[t]` is V of the observation that followed step t *before* any auto-reset, i.e.
+    V(final_obs_t): a truncation bootstraps from it, a termination ignores it. Inactive steps get
+    zero advantage and leave the running estimate untouched, so value flows across them from
+    the next active step. With `trial_bootstrap="stop"` a trial end cuts the trace like a
+    termination; with "continue" value flows across it.
+    """
+    not_term = (~terminated).to(rewards.dtype)
+    ended = terminated | truncated
+    if trial_end is not None and trial_bootstrap == "stop":
+        not_term = not_term * (~trial_end).to(rewards.dtype)
+        ended = ended | trial_end
+    not_ended = (~ended).to(rewards.dtype)
+    deltas = rewards + gamma * next_values * not_term - values
+    decay = gamma * gae_lambda * not_ended
+    advantages = torch.zeros_like(rewards)
+    last = torch.zeros_like(rewards[0])
+    if active is None:
+        for t in range(rewards.shape[0] - 1, -1, -1):
+            last = deltas[t] + decay[t] * last
+            advantages[t] = last
+    else:
+        act = active.to(rewards.dtype)
+        for t in range(rewards.shape[0] - 1, -1, -1):
+            last = act[t] * (deltas[t] + decay[t] * last) + (1.0 - act[t]) * last
+            advantages[t] = act[t] * last
+    returns = advantages + values
+    return advantages, returns

@@ -1,0 +1,64 @@
+"""Running statistics for observation, reward and value normalisation (device-resident)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class RunningMeanStd(nn.Module):
+    """Parallel-update running mean/variance (Chan et al.), kept as buffers so it checkpoints."""
+
+    def __init__(self, shape: tuple[int, ...] = (), epsilon: float = 1e-4, device: torch.device | str = "cpu"):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64, device=device))
+        self.register_buffer("var", torch.ones(shape, dtype=torch.float64, device=device))
+        self.register_buffer("count", torch.tensor(epsilon, dtype=torch.float64, device=device))
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        """Fold in a batch `x [..., *shape]`; `mask [...]` keeps only the selected rows."""
+        x = x.reshape(-1, *self.mean.shape).to(torch.float64)
+        if mask is None:
+            w = torch.ones(x.shape[0], dtype=torch.float64, device=x.device)
+        else:
+            w = mask.reshape(-1).to(torch.float64)
+        wx = w.reshape(-1, *([1] * self.mean.dim()))
+        n = w.sum()
+        safe_n = n.clamp_min(1.0)
+        batch_mean = (x * wx).sum(0) / safe_n
+        batch_var = (((x - batch_mean) ** 2) * wx).sum(0) / safe_n
+        delta = batch_mean - self.mean
+        tot = self.count + n
+        new_mean = self.mean + delta * n / tot
+        m2 = self.var * self.count + batch_var * n + delta**2 * self.count * n / tot
+        # An all-masked batch must leave the statistics exactly as they were.
+        has = n > 0
+        self.mean.copy_(torch.where(has, new_mean, self.mean))
+        self.var.copy_(torch.where(has, m2 / tot, self.var))
+        self.count.copy_(torch.where(has, tot, self.count))
+
+    def normalize(self, x: torch.Tensor, clip: float | None = None) -> torch.Tensor:
+        y = (x - self.mean.to(x.dtype)) / torch.sqrt(self.var.to(x.dtype) + 1e-8)
+        return y.clamp(-clip, clip) if clip is not None else y
+
+    def denormalize(self, y: torch.Tensor) -> torch.Tensor:
+        return y * torch.sqrt(self.var.to(y.dtype) + 1e-8) + self.mean.to(y.dtype)
+
+
+class RewardScaler(nn.Module):
+    """Scales rewards by the std of the discounted return (as SB3's VecNormalize does)."""
+
+    def __init__(self, shape: tuple[int, ...], gamma: float, device: torch.device | str = "cpu"):
+        super().__init__()
+        self.gamma = gamma
+        self.stats = RunningMeanStd((), device=device)
+        self.register_buffer("ret", torch.zeros(shape, dtype=torch.float32, device=device))
+
+    @torch.no_grad()
+    def __call__(self, reward: torch.Tensor, done: torch.Tensor, active: torch.Tensor, clip: float = 10.0) -> torch.Tensor:
+        self.ret.mul_(self.gamma).add_(reward)
+        self.stats.update(self.ret, active)
+        scaled = reward / torch.sqrt(self.stats.var.to(reward.dtype) + 1e-8)
+        self.ret.masked_fill_(done, 0.0)
+        return scaled.clamp(-clip, clip)

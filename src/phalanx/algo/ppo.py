@@ -1,0 +1,148 @@
+"""PPO losses and the update step: pure tensor functions, metrics returned as tensors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+METRIC_NAMES = (
+    "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "loss", "grad_norm",
+    "explained_variance", "nonfinite", "epochs",
+)
+
+
+@dataclass
+class PPOBatch:
+    """A flat batch of B samples; `mask` is 1 for active agent steps, 0 for excluded ones."""
+
+    obs: torch.Tensor
+    critic_obs: torch.Tensor
+    actions: torch.Tensor
+    logprobs: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    values: torch.Tensor
+    mask: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.logprobs.shape[0]
+
+    def index(self, idx: torch.Tensor) -> "PPOBatch":
+        return PPOBatch(*(t[idx] for t in (
+            self.obs, self.critic_obs, self.actions, self.logprobs, self.advantages,
+            self.returns, self.values, self.mask,
+        )))
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (x * mask).sum() / mask.sum().clamp_min(1.0)
+
+
+def ppo_losses(
+    new_logprobs: torch.Tensor,
+    entropy: torch.Tensor,
+    new_values: torch.Tensor,
+    batch: PPOBatch,
+    clip_coef: float,
+    vf_coef: float,
+    ent_coef: float,
+    clip_vloss: bool = True,
+    vf_clip_coef: float | None = None,
+    norm_adv: bool = True,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The clipped surrogate, (optionally clipped) value loss and entropy bonus on one batch."""
+    m = batch.mask
+    adv = batch.advantages
+    if norm_adv:
+        mean = masked_mean(adv, m)
+        std = torch.sqrt(masked_mean((adv - mean) ** 2, m))
+        adv = (adv - mean) / (std + 1e-8)
+    log_ratio = new_logprobs - batch.logprobs
+    ratio = log_ratio.exp()
+    pg1 = -adv * ratio
+    pg2 = -adv * ratio.clamp(1 - clip_coef, 1 + clip_coef)
+    policy_loss = masked_mean(torch.maximum(pg1, pg2), m)
+    if clip_vloss:
+        vclip = clip_coef if vf_clip_coef is None else vf_clip_coef
+        v_clipped = batch.values + (new_values - batch.values).clamp(-vclip, vclip)
+        v_loss = torch.maximum((new_values - batch.returns) ** 2, (v_clipped - batch.returns) ** 2)
+    else:
+        v_loss = (new_values - batch.returns) ** 2
+    value_loss = 0.5 * masked_mean(v_loss, m)
+    ent = masked_mean(entropy, m)
+    loss = policy_loss - ent_coef * ent + vf_coef * value_loss
+    with torch.no_grad():
+        approx_kl = masked_mean((ratio - 1) - log_ratio, m)
+        clip_fraction = masked_mean(((ratio - 1).abs() > clip_coef).to(ratio.dtype), m)
+    return loss, {
+        "policy_loss": policy_loss.detach(), "value_loss": value_loss.detach(), "entropy": ent.detach(),
+        "approx_kl": approx_kl, "clip_fraction": clip_fraction, "loss": loss.detach(),
+    }
+
+
+def explained_variance(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    var_t = masked_mean((target - masked_mean(target, mask)) ** 2, mask)
+    resid = target - pred
+    var_r = masked_mean((resid - masked_mean(resid, mask)) ** 2, mask)
+    return torch.where(var_t > 0, 1 - var_r / var_t.clamp_min(1e-12), torch.zeros_like(var_t))
+
+
+EvaluateFn = Callable[[PPOBatch], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+def ppo_update(
+    evaluate: EvaluateFn,
+    params: list[nn.Parameter],
+    optimizer: torch.optim.Optimizer,
+    batch: PPOBatch,
+    *,
+    num_epochs: int,
+    num_minibatches: int,
+    clip_coef: float,
+    vf_coef: float,
+    ent_coef: float,
+    max_grad_norm: float,
+    clip_vloss: bool = True,
+    vf_clip_coef: float | None = None,
+    norm_adv: bool = True,
+    target_kl: float | None = None,
+    generator: torch.Generator | None = None,
+) -> dict[str, torch.Tensor]:
+    """Epochs of shuffled minibatch steps; returns mean metrics as 0-d tensors (no host sync
+    unless `target_kl` is set, which reads approx-KL once per epoch)."""
+    size = len(batch)
+    mb = max(1, size // num_minibatches)
+    device = batch.logprobs.device
+    sums = {k: torch.zeros((), device=device) for k in METRIC_NAMES}
+    steps = 0
+    epochs_done = 0
+    for _ in range(num_epochs):
+        perm = torch.randperm(size, generator=generator, device=device)
+        kl_epoch = torch.zeros((), device=device)
+        for start in range(0, mb * num_minibatches, mb):
+            part = batch.index(perm[start:start + mb])
+            new_logp, ent, new_v = evaluate(part)
+            loss, metrics = ppo_losses(
+                new_logp, ent, new_v, part, clip_coef, vf_coef, ent_coef, clip_vloss, vf_clip_coef, norm_adv
+            )
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            gn = nn.utils.clip_grad_norm_(params, max_grad_norm, foreach=True)
+            optimizer.step()
+            for k, v in metrics.items():
+                sums[k] += v
+            sums["grad_norm"] += gn.detach()
+            sums["nonfinite"] += (~torch.isfinite(loss.detach())).float()
+            kl_epoch += metrics["approx_kl"]
+            steps += 1
+        epochs_done += 1
+        if target_kl is not None and float(kl_epoch / num_minibatches) > target_kl:
+            break
+    out = {k: v / max(steps, 1) for k, v in sums.items()}
+    out["nonfinite"] = sums["nonfinite"]
+    out["epochs"] = torch.tensor(float(epochs_done), device=device)
+    out["explained_variance"] = explained_variance(batch.values, batch.returns, batch.mask)
+    return out

@@ -1,0 +1,154 @@
+"""Atomic checkpoints: tensors in safetensors, everything else in JSON; nothing is unpickled.
+
+A checkpoint is a directory `checkpoints/step_<N>/` holding `model.safetensors` (the policy's
+weights), `state.safetensors` (optimizer moments, normalisers, env and RNG states) and
+`meta.json` (counters, config, file digests). It is written under a temporary name and renamed,
+so a reader never sees a half-written one; the digests catch truncation and bit flips.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from phalanx.errors import CheckpointError
+
+FORMAT_VERSION = 1
+CKPT_DIR = "checkpoints"
+_PREFIX = "step_"
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _contiguous(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+
+
+def save_checkpoint(
+    run_dir: Path, step: int, model: dict[str, torch.Tensor], state: dict[str, torch.Tensor], meta: dict[str, Any], keep: int
+) -> Path:
+    """Write checkpoint `step` atomically and keep only the newest `keep`. Returns its path."""
+    root = Path(run_dir) / CKPT_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"{_PREFIX}{step:012d}"
+    tmp = root / f".tmp-{_PREFIX}{step:012d}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        files = {"model.safetensors": model, "state.safetensors": state}
+        digests = {}
+        for name, tensors in files.items():
+            save_file(_contiguous(tensors), str(tmp / name))
+            with open(tmp / name, "rb+") as f:
+                os.fsync(f.fileno())
+            digests[name] = _digest(tmp / name)
+        write_json_atomic(tmp / "meta.json", {**meta, "format_version": FORMAT_VERSION, "step": step, "digests": digests})
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(root)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"could not write checkpoint '{final}': {e.strerror or e}; previous checkpoints are intact") from None
+    prune(root, keep)
+    return final
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    root = Path(run_dir) / CKPT_DIR
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(_PREFIX))
+
+
+def prune(root: Path, keep: int) -> None:
+    done = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(_PREFIX))
+    for old in done[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    for stale in root.glob(".tmp-*"):
+        # A temp dir from a killed writer is never loaded; remove it unless a live writer owns it.
+        pid = stale.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def latest_checkpoint(run_dir: Path) -> Path:
+    found = list_checkpoints(run_dir)
+    if not found:
+        raise CheckpointError(f"no checkpoint in '{Path(run_dir) / CKPT_DIR}'")
+    return found[-1]
+
+
+def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
+    """Read and verify a checkpoint directory: (model tensors, state tensors, meta)."""
+    path = Path(path)
+    meta_path = path / "meta.json"
+    try:
+        meta = json.loads(meta_path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint '{path}' has no meta.json") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"checkpoint file '{meta_path}' is not valid JSON: {e}") from None
+    if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
+        found = meta.get("format_version") if isinstance(meta, dict) else None
+        raise CheckpointError(f"checkpoint '{path}' has format version {found!r}; this Phalanx reads {FORMAT_VERSION}")
+    out = []
+    for name in ("model.safetensors", "state.safetensors"):
+        f = path / name
+        if not f.is_file():
+            raise CheckpointError(f"checkpoint file '{f}' is missing")
+        want = meta.get("digests", {}).get(name)
+        if want is not None and _digest(f) != want:
+            raise CheckpointError(f"checkpoint file '{f}' is corrupt or truncated (checksum mismatch)")
+        try:
+            out.append(load_file(str(f)))
+        except (SafetensorError, OSError, ValueError) as e:
+            raise CheckpointError(f"checkpoint file '{f}' is not a valid safetensors file: {e}") from None
+    return out[0], out[1], meta

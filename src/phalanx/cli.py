@@ -1,0 +1,204 @@
+"""The `phalanx` command line: train, eval, plot, envs, bench."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from phalanx.errors import PhalanxError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, no usage dump
+        print(f"phalanx: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _train_parser(sub: Any) -> argparse.ArgumentParser:
+    from phalanx.config import describe_keys
+
+    p = sub.add_parser(
+        "train", help="train a policy", description="Train a policy with PPO. Every config key below is also a --key value option.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--config", help="YAML or TOML file of config keys")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its last checkpoint")
+    keys = p.add_argument_group("config keys (default in brackets)")
+    for key, typ, default, help_ in describe_keys():
+        if key == "env_options":
+            continue
+        flag = "--" + key.replace("_", "-")
+        shown = ",".join(map(str, default)) if isinstance(default, list) else default
+        keys.add_argument(flag, dest=key, metavar=typ.upper(), default=None, help=f"{help_} [{shown!s}]")
+    p.epilog = "Env options (e.g. --scenario for bucket_brigade) are passed as --option value; see `phalanx envs`."
+    return p
+
+
+def _parse_env_options(extra: list[str]) -> dict[str, str]:
+    opts: dict[str, str] = {}
+    i = 0
+    while i < len(extra):
+        tok = extra[i]
+        if not tok.startswith("--"):
+            raise PhalanxError(f"unexpected argument '{tok}'")
+        key = tok[2:]
+        if "=" in key:
+            key, value = key.split("=", 1)
+            i += 1
+        else:
+            if i + 1 >= len(extra):
+                raise PhalanxError(f"option '--{key}' needs a value")
+            value = extra[i + 1]
+            i += 2
+        opts[key.replace("-", "_")] = value
+    return opts
+
+
+def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
+    from phalanx.config import FIELDS, load_file
+    from phalanx.envs import registry
+    from phalanx.train import train
+
+    overrides = {k: v for k, v in vars(args).items() if k in FIELDS and v is not None}
+    env_opts = _parse_env_options(extra)
+    layers: dict[str, Any] = load_file(args.config) if args.config else {}
+    env_name = overrides.get("env", layers.get("env", "cartpole"))
+    if env_opts:
+        s = registry.spec(env_name)
+        declared = set(s.options) if s else set()
+        for k in env_opts:
+            if k not in declared:
+                allowed = ", ".join(sorted(declared)) or "none"
+                raise PhalanxError(f"unknown option '--{k.replace('_', '-')}' (not a config key; env options of '{env_name}': {allowed})")
+        overrides["env_options"] = {**layers.get("env_options", {}), **env_opts}
+    if args.resume:
+        result = train(resume=args.resume, **overrides)
+    else:
+        result = train(layers or None, **overrides)
+    m = result.metrics
+    print(f"run directory:  {result.run_dir}")
+    print(f"tensorboard:    tensorboard --logdir {result.run_dir / 'tb'}")
+    from phalanx.plot import plot_run
+
+    png = plot_run(result.run_dir)
+    print(f"learning curve: {png}")
+    if "episode_return" in m:
+        print(f"final training return: {m['episode_return']:.2f} at step {m['step']:,} ({m['sps']:,.0f} steps/s)")
+    if "eval_mean_return" in m:
+        print(f"greedy eval return:    {m['eval_mean_return']:.2f} over {int(m['eval_episodes'])} episodes")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from phalanx.evaluate import evaluate_policy
+    from phalanx.policy import load
+
+    policy = load(args.run_dir, device=args.device)
+    cfg = policy.config
+    res = evaluate_policy(
+        policy, cfg.env, cfg.env_options, episodes=args.episodes, greedy=not args.sample, seed=args.seed, device=policy.device
+    )
+    if args.json:
+        print(json.dumps(res))
+    else:
+        mode = "greedy" if res["greedy"] else "sampled"
+        print(f"{cfg.env} ({mode}, {res['episodes']} episodes)")
+        for k in ("mean_return", "median_return", "std_return", "mean_length", "success_rate"):
+            if k in res:
+                print(f"  {k:<14} {res[k]:.3f}")
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from phalanx.plot import plot_run
+
+    print(plot_run(Path(args.run_dir), Path(args.out) if args.out else None))
+    return 0
+
+
+def cmd_envs(args: argparse.Namespace) -> int:
+    from phalanx.envs import make, registered
+
+    rows = []
+    for name, s in sorted(registered().items()):
+        env = make(name, num_envs=1)
+        rows.append({
+            "name": name, "description": s.description, "agents": env.num_agents,
+            "observation": env.observation_space.describe(), "action": env.action_space.describe(),
+            "options": {k: {"default": o.default, "help": o.help, **({"choices": list(o.choices)} if o.choices else {})} for k, o in s.options.items()},
+        })
+        env.close()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for r in rows:
+        print(f"{r['name']}: {r['description']}")
+        print(f"  agents {r['agents']}  observation {r['observation']}  action {r['action']}")
+        for k, o in r["options"].items():
+            ch = f" (one of {', '.join(map(str, o['choices']))})" if "choices" in o else ""
+            print(f"  --{k.replace('_', '-')} [{o['default']}]: {o['help']}{ch}")
+    print("gym:<id>: any installed gymnasium environment through its vector API (slow path)")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from phalanx.bench import main as bench_main
+
+    return bench_main(args.bench_args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _Parser(prog="phalanx", description="Phalanx: on-device PPO for single- and multi-agent environments.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _train_parser(sub)
+    pr = sub.add_parser("resume", help="continue a stopped run (same as train --resume)")
+    pr.add_argument("run_dir")
+    pe = sub.add_parser("eval", help="evaluate a run's policy")
+    pe.add_argument("run_dir")
+    pe.add_argument("--episodes", type=int, default=20)
+    mode = pe.add_mutually_exclusive_group()
+    mode.add_argument("--greedy", action="store_true", default=True, help="act greedily (default)")
+    mode.add_argument("--sample", action="store_true", help="sample actions from the policy")
+    pe.add_argument("--json", action="store_true", help="print one JSON object")
+    pe.add_argument("--seed", type=int, default=12345)
+    pe.add_argument("--device", default="cpu")
+    pp = sub.add_parser("plot", help="write a PNG of return and losses against steps")
+    pp.add_argument("run_dir")
+    pp.add_argument("--out", help="output PNG (default RUN_DIR/plots/learning_curve.png)")
+    pn = sub.add_parser("envs", help="list environments, spaces and options")
+    pn.add_argument("--json", action="store_true")
+    pb = sub.add_parser("bench", help="benchmarks (see `phalanx bench --help`)", add_help=False)
+    pb.add_argument("bench_args", nargs=argparse.REMAINDER)
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args, extra = parser.parse_known_args(argv)
+        if extra and args.command != "train":
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        if args.command == "train":
+            return cmd_train(args, extra)
+        if args.command == "resume":
+            ns = argparse.Namespace(resume=args.run_dir, config=None)
+            return cmd_train(ns, [])
+        if args.command == "eval":
+            return cmd_eval(args)
+        if args.command == "plot":
+            return cmd_plot(args)
+        if args.command == "envs":
+            return cmd_envs(args)
+        if args.command == "bench":
+            return cmd_bench(args)
+    except PhalanxError as e:
+        print(f"phalanx: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("phalanx: interrupted; resume with `phalanx train --resume RUN_DIR`", file=sys.stderr)
+        return 130
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

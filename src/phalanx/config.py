@@ -1,0 +1,234 @@
+"""The one typed config schema: every hyperparameter with its default and meaning.
+
+Precedence when resolving: schema defaults < the env's own training defaults < a YAML/TOML file
+< keyword / command-line overrides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from phalanx.errors import ConfigError
+
+
+def _f(default: Any, help: str, *, min: float | None = None, choices: tuple | None = None, positive: bool = False):
+    meta = {"help": help, "min": min, "choices": choices, "positive": positive}
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class Config:
+    # What to train on, where.
+    env: str = _f("cartpole", "environment name (see `phalanx envs`)")
+    env_options: dict = _f({}, "options passed to the environment (see `phalanx envs`)")
+    total_steps: int = _f(200_000, "environment steps to train for (summed over envs)", positive=True)
+    num_envs: int = _f(8, "parallel environments", positive=True)
+    num_steps: int = _f(128, "rollout length per environment per update", positive=True)
+    seed: int = _f(1, "random seed of the run (envs, sampling, minibatches)", min=0)
+    device: str = _f("auto", "auto | cpu | cuda | cuda:N | mps ('auto' picks CUDA, then MPS, then CPU)")
+    torch_threads: int = _f(0, "CPU threads for torch (0: torch's default)", min=0)
+    # PPO.
+    lr: float = _f(2.5e-4, "Adam learning rate", positive=True)
+    anneal_lr: bool = _f(True, "decay the learning rate linearly to 0 over the run")
+    adam_eps: float = _f(1e-5, "Adam epsilon", positive=True)
+    gamma: float = _f(0.99, "discount factor", min=0.0)
+    gae_lambda: float = _f(0.95, "GAE lambda", min=0.0)
+    num_epochs: int = _f(4, "passes over each rollout", positive=True)
+    num_minibatches: int = _f(4, "minibatches per epoch", positive=True)
+    clip_coef: float = _f(0.2, "PPO ratio clip", positive=True)
+    clip_vloss: bool = _f(True, "clip the value loss around the old values")
+    vf_coef: float = _f(0.5, "value loss coefficient", min=0.0)
+    ent_coef: float = _f(0.0, "entropy bonus coefficient", min=0.0)
+    max_grad_norm: float = _f(0.5, "gradient norm clip", positive=True)
+    target_kl: float = _f(0.0, "stop an update's epochs early above this approx-KL (0: off)", min=0.0)
+    norm_adv: bool = _f(True, "normalise advantages per minibatch")
+    norm_obs: bool = _f(False, "normalise observations by running mean/std (saved with checkpoints)")
+    norm_reward: bool = _f(False, "scale rewards by the running std of the discounted return")
+    norm_value: bool = _f(False, "learn values in running-normalised units")
+    obs_clip: float = _f(10.0, "clip normalised observations to +-this", positive=True)
+    # Model.
+    model: str = _f("mlp", "policy architecture", choices=("mlp",))
+    hidden_sizes: list = _f([64, 64], "hidden layer widths of the actor and critic MLPs")
+    activation: str = _f("tanh", "hidden activation", choices=("tanh", "relu", "gelu", "silu"))
+    init_log_std: float = _f(0.0, "initial log-std of Gaussian action heads")
+    # Run.
+    run_dir: str = _f("", "run directory (default: runs/<env>-<time>)")
+    checkpoint_every: int = _f(0, "write a checkpoint every this many steps (0: every 10% of the run)", min=0)
+    keep_checkpoints: int = _f(3, "how many recent checkpoints to keep", positive=True)
+    eval_episodes: int = _f(0, "greedy evaluation episodes at the end of training (0: none)", min=0)
+    progress: bool = _f(True, "show a live progress bar")
+    tensorboard: bool = _f(True, "write TensorBoard event files")
+
+    @property
+    def batch_size(self) -> int:
+        return self.num_envs * self.num_steps
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+_HINTS = typing.get_type_hints(Config)
+
+
+def describe_keys() -> list[tuple[str, str, Any, str]]:
+    """(key, type name, default, help) for every config key."""
+    out = []
+    for f in dataclasses.fields(Config):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        out.append((f.name, _HINTS[f.name].__name__, default, f.metadata["help"]))
+    return out
+
+
+def _coerce(key: str, value: Any) -> Any:
+    want = _HINTS[key]
+    name = want.__name__
+    bad = ConfigError(f"config key '{key}' must be {name}, got {value!r}")
+    if want is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+            return value.lower() in ("true", "1", "yes", "on")
+        raise bad
+    if want is int:
+        if isinstance(value, bool):
+            raise bad
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            text = value.replace("_", "")
+            try:
+                return int(text)
+            except ValueError:
+                pass
+            try:
+                as_float = float(text)
+            except ValueError:
+                raise bad from None
+            if as_float.is_integer():
+                return int(as_float)
+        raise bad
+    if want is float:
+        if isinstance(value, bool):
+            raise bad
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                raise bad from None
+        raise bad
+    if want is str:
+        if isinstance(value, str):
+            return value
+        raise bad
+    if want is list:
+        if isinstance(value, str):
+            try:
+                value = [int(v) for v in value.replace("[", "").replace("]", "").split(",") if v.strip()]
+            except ValueError:
+                raise bad from None
+        if isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
+            return list(value)
+        raise ConfigError(f"config key '{key}' must be a list of positive integers, got {value!r}")
+    if want is dict:
+        if isinstance(value, dict):
+            return dict(value)
+        raise ConfigError(f"config key '{key}' must be a mapping, got {value!r}")
+    raise bad  # pragma: no cover
+
+
+def _check_range(key: str, value: Any) -> None:
+    meta = FIELDS[key].metadata
+    if meta["positive"] and value <= 0:
+        raise ConfigError(f"config key '{key}' must be > 0, got {value!r}")
+    if meta["min"] is not None and value < meta["min"]:
+        raise ConfigError(f"config key '{key}' must be >= {meta['min']}, got {value!r}")
+    if meta["choices"] is not None and value not in meta["choices"]:
+        raise ConfigError(f"config key '{key}' must be one of {', '.join(meta['choices'])}; got {value!r}")
+
+
+def load_file(path: str | Path) -> dict[str, Any]:
+    """Read a YAML or TOML config file into a plain mapping."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file '{p}' does not exist")
+    text = p.read_text()
+    try:
+        if p.suffix == ".toml":
+            if sys.version_info >= (3, 11):
+                import tomllib
+            else:  # pragma: no cover
+                import tomli as tomllib
+            data = tomllib.loads(text)
+        elif p.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+        elif p.suffix == ".json":
+            data = json.loads(text)
+        else:
+            raise ConfigError(f"config file '{p}' must end in .yaml, .yml, .toml or .json")
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any parser error becomes one line naming the file
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConfigError(f"config file '{p}' is not valid: {msg}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file '{p}' must hold a mapping of config keys")
+    return data
+
+
+def resolve(*layers: dict[str, Any] | None) -> Config:
+    """Merge override mappings (later wins) over the defaults, validating every key."""
+    from phalanx.envs import registry
+
+    merged: dict[str, Any] = {}
+    env_opts: dict[str, Any] = {}
+    for layer in layers:
+        for key, value in (layer or {}).items():
+            key = key.replace("-", "_")
+            if key not in FIELDS:
+                raise ConfigError(f"unknown config key '{key}'; see `phalanx train --help` for the keys")
+            if key == "env_options":
+                env_opts.update(_coerce(key, value))
+            else:
+                merged[key] = value
+    env = merged.get("env", Config.env)
+    if not isinstance(env, str):
+        raise ConfigError(f"config key 'env' must be str, got {env!r}")
+    spec = registry.spec(env)
+    if spec is None and not any(env.startswith(p + ":") for p in registry._PREFIX_FACTORIES):
+        known = sorted(registry.registered()) + [f"{p}:<id>" for p in sorted(registry._PREFIX_FACTORIES)]
+        raise ConfigError(f"unknown env '{env}'; allowed: {', '.join(known)}")
+    base = dict(spec.train_defaults) if spec else {}
+    base.update(merged)
+    values = {}
+    for key, value in base.items():
+        value = _coerce(key, value)
+        if not isinstance(value, (list, dict)):
+            _check_range(key, value)
+        values[key] = value
+    values["env_options"] = registry.resolve_options(env, env_opts)
+    cfg = Config(**values)
+    if cfg.num_minibatches > cfg.batch_size:
+        raise ConfigError(
+            f"config key 'num_minibatches' must be <= num_envs * num_steps ({cfg.batch_size}), got {cfg.num_minibatches}"
+        )
+    return cfg
+
+
+def from_json(data: dict[str, Any]) -> Config:
+    return resolve(data)
+

@@ -1,0 +1,78 @@
+"""The batched environment protocol of DESIGN.md sections 1-2."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from phalanx.envs.spaces import Space
+
+
+@dataclass
+class StepRecord:
+    """What `reset` and `step` return. Shapes: N envs, A agent slots.
+
+    obs [N, A, *obs_shape]; state [N, *state_shape] or None; reward [N, A] float32;
+    terminated / truncated / active / trial_end [N, A] bool; final_obs like obs (equals obs
+    where no episode ended); final_state like state; info: per-env metric tensors [N] or [N, A].
+    Environments auto-reset: where an episode ended, obs is the next episode's first observation.
+    """
+
+    obs: torch.Tensor
+    reward: torch.Tensor
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    active: torch.Tensor
+    trial_end: torch.Tensor
+    final_obs: torch.Tensor
+    state: torch.Tensor | None = None
+    final_state: torch.Tensor | None = None
+    info: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+class VecEnv:
+    """Base class of batched torch environments.
+
+    Subclasses set the attributes below in `__init__` and implement `reset`, `step`,
+    `state_dict` and `load_state_dict` (the dynamic state, including the RNG, so a resumed run
+    continues bit-identically).
+    """
+
+    name: str = "env"
+    num_envs: int
+    num_agents: int = 1
+    device: torch.device
+    observation_space: Space
+    action_space: Space
+    state_space: Space | None = None
+    role_names: tuple[str, ...] = ("agent",)
+    roles: torch.Tensor  # [A] int64 role index per slot
+    success_key: str | None = None  # info key holding per-episode success, if the env defines one
+
+    def reset(self, seed: int | None = None) -> StepRecord:
+        raise NotImplementedError
+
+    def step(self, actions: torch.Tensor) -> StepRecord:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def default_roles(self) -> torch.Tensor:
+        return torch.zeros(self.num_agents, dtype=torch.long, device=self.device)
+
+
+def generator_state(gen: torch.Generator) -> torch.Tensor:
+    """A generator's state as a uint8 tensor on the CPU (storable in safetensors)."""
+    return gen.get_state().clone()
+
+
+def set_generator_state(gen: torch.Generator, state: torch.Tensor) -> None:
+    gen.set_state(state.to(device="cpu", dtype=torch.uint8).contiguous())

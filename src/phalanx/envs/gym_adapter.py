@@ -1,0 +1,164 @@
+"""Any installed gymnasium env as a phalanx VecEnv, named `gym:<env id>` (e.g. `gym:CartPole-v1`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from phalanx.envs.base import StepRecord, VecEnv
+from phalanx.envs.registry import register_prefix
+from phalanx.envs.spaces import Box, Discrete, MultiDiscrete, Space
+from phalanx.errors import ConfigError
+
+
+def _torch_dtype(dtype: Any) -> torch.dtype:
+    return torch.uint8 if np.dtype(dtype) == np.uint8 else torch.float32
+
+
+def _map_obs_space(space: Any) -> tuple[Space, bool]:
+    """(phalanx space, whether observations must go through gymnasium's `flatten`)."""
+    from gymnasium import spaces as gs
+
+    if isinstance(space, gs.Box):
+        return Box(tuple(space.low.ravel().tolist()), tuple(space.high.ravel().tolist()), space.shape, _torch_dtype(space.dtype)), False
+    # Discrete, Dict, Tuple, MultiBinary, ...: one flat float vector (Discrete becomes one-hot).
+    flat = gs.flatten_space(space)
+    if not isinstance(flat, gs.Box):
+        raise ConfigError(f"gym observation space {space} cannot be flattened to a Box")
+    return Box(tuple(flat.low.ravel().tolist()), tuple(flat.high.ravel().tolist()), flat.shape), True
+
+
+def _map_action_space(space: Any, env_id: str) -> Space:
+    from gymnasium import spaces as gs
+
+    if isinstance(space, gs.Discrete):
+        return Discrete(int(space.n))
+    if isinstance(space, gs.MultiDiscrete) and space.nvec.ndim == 1:
+        return MultiDiscrete(tuple(int(n) for n in space.nvec))
+    if isinstance(space, gs.Box):
+        return Box(tuple(space.low.ravel().tolist()), tuple(space.high.ravel().tolist()), space.shape)
+    raise ConfigError(f"gym env '{env_id}' has an unsupported action space {space}")
+
+
+class GymVecEnv(VecEnv):
+    """A gymnasium env id run as `SyncVectorEnv` (same-step autoreset) with torch tensors on `device`.
+
+    Env i is seeded with `seed + i` at the first reset (or at `reset(seed)`). Stepping copies
+    actions to the host, so this is for checks and small runs, not speed. `state_dict` is empty:
+    gymnasium envs cannot be saved and restored bit-identically, so a resumed run re-seeds them.
+    """
+
+    def __init__(self, env_id: str, num_envs: int = 1, device: torch.device | str = "cpu", seed: int | None = 0, **options: Any) -> None:
+        import gymnasium as gym
+        from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+        try:
+            gym.make(env_id, **options).close()  # fail here, with one line, on a bad id or option
+        except gym.error.Error as e:
+            raise ConfigError(f"unknown gym env '{env_id}': {str(e).splitlines()[0]}") from None
+        except TypeError as e:
+            raise ConfigError(f"gym env '{env_id}' rejected options {options}: {str(e).splitlines()[0]}") from None
+        self.vec = SyncVectorEnv(
+            [lambda: gym.make(env_id, **options) for _ in range(num_envs)], autoreset_mode=AutoresetMode.SAME_STEP
+        )
+        self.name = f"gym:{env_id}"
+        self.num_envs = num_envs
+        self.device = torch.device(device)
+        self.roles = self.default_roles()
+        self._single_obs = self.vec.single_observation_space
+        self._single_act = self.vec.single_action_space
+        self.observation_space, self._flatten = _map_obs_space(self._single_obs)
+        self.action_space = _map_action_space(self._single_act, env_id)
+        self._pending_seed = seed
+        self._ep_return = np.zeros(num_envs, dtype=np.float64)
+        self._ep_length = np.zeros(num_envs, dtype=np.int64)
+
+    def _obs_one(self, o: Any) -> np.ndarray:
+        from gymnasium import spaces as gs
+
+        return gs.flatten(self._single_obs, o) if self._flatten else np.asarray(o)
+
+    def _to_torch(self, batch: list[np.ndarray] | np.ndarray) -> torch.Tensor:
+        arr = np.stack(batch) if isinstance(batch, list) else batch
+        t = torch.as_tensor(np.ascontiguousarray(arr), dtype=self.observation_space.dtype)
+        return t.to(self.device).unsqueeze(1)
+
+    def _batch_obs(self, obs: Any) -> torch.Tensor:
+        if not self._flatten:
+            return self._to_torch(np.asarray(obs))
+        from gymnasium.vector.utils import iterate
+
+        return self._to_torch([self._obs_one(o) for o in iterate(self.vec.observation_space, obs)])
+
+    def _bool(self, x: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(x, dtype=bool)).to(self.device).unsqueeze(1)
+
+    def reset(self, seed: int | None = None) -> StepRecord:
+        seed = self._pending_seed if seed is None else seed
+        self._pending_seed = None
+        obs, _ = self.vec.reset(seed=None if seed is None else [seed + i for i in range(self.num_envs)])
+        self._ep_return[:] = 0
+        self._ep_length[:] = 0
+        o = self._batch_obs(obs)
+        false = self._bool(np.zeros(self.num_envs, dtype=bool))
+        zero = torch.zeros(self.num_envs, 1, device=self.device)
+        return StepRecord(obs=o, reward=zero, terminated=false, truncated=false.clone(),
+                          active=~false, trial_end=false.clone(), final_obs=o)
+
+    def step(self, actions: torch.Tensor) -> StepRecord:
+        from gymnasium import spaces as gs
+
+        a = actions.detach().cpu().numpy().reshape((self.num_envs, *self._single_act.shape))
+        if isinstance(self._single_act, (gs.Discrete, gs.MultiDiscrete)):
+            a = a.astype(np.int64) + self._single_act.start  # gymnasium spaces may start at non-zero
+        else:
+            a = a.astype(self._single_act.dtype)
+        obs, reward, terminated, truncated, info = self.vec.step(a)
+        o = self._batch_obs(obs)
+        final = o.clone()
+        mask = info.get("_final_obs")
+        if mask is not None and mask.any():
+            idx = np.flatnonzero(mask)
+            final[torch.as_tensor(idx, device=self.device)] = self._to_torch([self._obs_one(info["final_obs"][i]) for i in idx])
+        self._ep_return += reward
+        self._ep_length += 1
+        done = np.logical_or(terminated, truncated)
+        ep_info = {
+            "episode_return": torch.as_tensor(np.where(done, self._ep_return, 0.0), dtype=torch.float32).to(self.device),
+            "episode_length": torch.as_tensor(np.where(done, self._ep_length, 0), dtype=torch.float32).to(self.device),
+        }
+        self._ep_return[done] = 0
+        self._ep_length[done] = 0
+        return StepRecord(
+            obs=o,
+            reward=torch.as_tensor(np.asarray(reward, dtype=np.float32)).to(self.device).unsqueeze(1),
+            terminated=self._bool(terminated),
+            truncated=self._bool(truncated),
+            active=self._bool(np.ones(self.num_envs, dtype=bool)),
+            trial_end=self._bool(np.zeros(self.num_envs, dtype=bool)),
+            final_obs=final,
+            info=ep_info,
+        )
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Empty: gymnasium envs cannot be restored bit-identically (a resume re-seeds them)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Nothing to restore (see `state_dict`); the envs keep their current episodes."""
+
+    def close(self) -> None:
+        self.vec.close()
+
+
+def _make_gym(rest: str, num_envs: int = 1, device: torch.device | str = "cpu", seed: int | None = 0, **options: Any) -> GymVecEnv:
+    try:
+        import gymnasium  # noqa: F401
+    except ImportError:
+        raise ConfigError(f"env 'gym:{rest}' needs gymnasium; install it with `pip install gymnasium`") from None
+    return GymVecEnv(rest, num_envs=num_envs, device=device, seed=seed, **options)
+
+
+register_prefix("gym", _make_gym)

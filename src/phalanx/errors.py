@@ -1,0 +1,17 @@
+"""Errors the command line turns into one-line messages with exit status 2."""
+
+
+class PhalanxError(Exception):
+    """A user-facing error: bad config, unknown env, bad checkpoint. Printed as one line."""
+
+
+class ConfigError(PhalanxError):
+    """A config key, type or value is not allowed."""
+
+
+class CheckpointError(PhalanxError):
+    """A checkpoint or run file is missing, truncated, corrupt or from another run."""
+
+
+class NonFiniteLossError(PhalanxError):
+    """A loss became NaN or infinite during the update."""

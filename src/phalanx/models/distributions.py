@@ -1,0 +1,59 @@
+"""Action distributions as pure tensor functions, sampled from an explicit generator.
+
+Sampling goes through the caller's `torch.Generator` (never the global RNG) so that a resumed run
+draws the same actions as the uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+_NEG = -1e9  # padding logit for multi-discrete heads of unequal size; finite so p*log(p) stays 0
+
+
+def categorical_sample(logits: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    u = torch.rand(logits.shape, generator=generator, device=logits.device, dtype=logits.dtype)
+    gumbel = -torch.log((-torch.log(u.clamp_min(1e-20))).clamp_min(1e-20))
+    return (logits + gumbel).argmax(-1)
+
+
+def categorical_log_prob(logits: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+    logp = torch.log_softmax(logits, -1)
+    return logp.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+
+
+def categorical_entropy(logits: torch.Tensor) -> torch.Tensor:
+    logp = torch.log_softmax(logits, -1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def gaussian_sample(mean: torch.Tensor, log_std: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
+    return mean + log_std.exp() * noise
+
+
+def gaussian_log_prob(mean: torch.Tensor, log_std: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+    var = torch.exp(2 * log_std)
+    lp = -((actions - mean) ** 2) / (2 * var) - log_std - 0.5 * math.log(2 * math.pi)
+    return lp.sum(-1)
+
+
+def gaussian_entropy(mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
+    ent = 0.5 + 0.5 * math.log(2 * math.pi) + log_std
+    return ent.expand_as(mean).sum(-1)
+
+
+def pad_multi_logits(flat: torch.Tensor, nvec: tuple[int, ...]) -> torch.Tensor:
+    """[..., sum(nvec)] -> [..., len(nvec), max(nvec)] with impossible entries padded."""
+    k, width = len(nvec), max(nvec)
+    if all(n == width for n in nvec):
+        return flat.reshape(*flat.shape[:-1], k, width)
+    index = torch.tensor(
+        [sum(nvec[:i]) + j if j < n else 0 for i, n in enumerate(nvec) for j in range(width)],
+        device=flat.device,
+    )
+    valid = torch.tensor([j < n for n in nvec for j in range(width)], device=flat.device)
+    padded = torch.where(valid, flat[..., index], torch.full_like(flat[..., index], _NEG))
+    return padded.reshape(*flat.shape[:-1], k, width)

@@ -1,0 +1,38 @@
+"""Learning-curve PNGs from a run's metrics.jsonl."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from phalanx.errors import PhalanxError
+from phalanx.runs import read_metrics
+
+
+def plot_run(run_dir: Path, out: Path | None = None) -> Path:
+    """Plot episode return and the losses against steps; returns the PNG path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run_dir = Path(run_dir)
+    rows = read_metrics(run_dir)
+    if not rows:
+        raise PhalanxError(f"'{run_dir}' has no metrics.jsonl rows to plot")
+    out = out or run_dir / "plots" / "learning_curve.png"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    panels = [("episode_return", "episode return"), ("policy_loss", "policy loss"), ("value_loss", "value loss"),
+              ("entropy", "entropy"), ("approx_kl", "approx KL"), ("explained_variance", "explained variance")]
+    fig, axes = plt.subplots(2, 3, figsize=(13, 7))
+    for ax, (key, title) in zip(axes.flat, panels):
+        pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+        if pts:
+            ax.plot(*zip(*pts), lw=1.5)
+        ax.set_title(title)
+        ax.set_xlabel("steps")
+        ax.grid(alpha=0.3)
+    fig.suptitle(str(run_dir))
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out

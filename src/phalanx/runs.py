@@ -1,0 +1,123 @@
+"""Run directories: layout, manifest, lock and device selection (the imperative shell)."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import platform
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from phalanx.errors import ConfigError, PhalanxError
+
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' picks CUDA, then MPS, then CPU; an explicit device must exist (checked before allocating)."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"config key 'device' must be auto, cpu, cuda, cuda:N or mps; got {name!r}") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("config key 'device' is 'cuda' but no CUDA device is available; use --device cpu or auto")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(f"config key 'device' names {name} but only {torch.cuda.device_count()} CUDA devices exist")
+    elif dev.type == "mps":
+        if not (getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()):
+            raise ConfigError("config key 'device' is 'mps' but MPS is not available; use --device cpu or auto")
+    elif dev.type != "cpu":
+        raise ConfigError(f"config key 'device' must be auto, cpu, cuda, cuda:N or mps; got {name!r}")
+    return dev
+
+
+def default_run_dir(env: str) -> Path:
+    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in env)
+    return Path("runs") / f"{safe}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def git_revision() -> str | None:
+    try:
+        here = Path(__file__).resolve().parent
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def manifest(device: torch.device, seed: int) -> dict[str, Any]:
+    import phalanx
+
+    info: dict[str, Any] = {
+        "phalanx": phalanx.__version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "git_revision": git_revision(),
+        "device": str(device),
+        "seed": seed,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    if device.type == "cuda":
+        info["device_name"] = torch.cuda.get_device_name(device)
+    return info
+
+
+class RunLock:
+    """An advisory lock so two trainings never write into the same run directory."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / ".lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._fd)
+            self._fd = None
+            raise PhalanxError(f"run directory '{self.path.parent}' is in use by another training") from None
+        os.ftruncate(self._fd, 0)
+        os.write(self._fd, str(os.getpid()).encode())
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """Parse metrics.jsonl, skipping a broken trailing line left by a kill."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def truncate_metrics(run_dir: Path, max_step: int) -> None:
+    """Drop metric lines after `max_step` (written after the checkpoint we resume from)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return
+    keep = [r for r in read_metrics(run_dir) if r.get("step", 0) <= max_step]
+    tmp = path.with_name(".metrics.jsonl.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
+    os.replace(tmp, path)

@@ -1,0 +1,499 @@
+"""The training loop: collect a rollout on the device, update, log, checkpoint."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from phalanx import checkpoint as ckpt
+from phalanx import runs
+from phalanx.algo import PPOBatch, RewardScaler, RunningMeanStd, compute_gae, ppo_update
+from phalanx.algo.ppo import METRIC_NAMES
+from phalanx.config import Config, resolve
+from phalanx.envs import make
+from phalanx.envs.base import VecEnv, generator_state, set_generator_state
+from phalanx.envs.spaces import Box, Discrete
+from phalanx.errors import CheckpointError, ConfigError, NonFiniteLossError
+from phalanx.models import MLPActorCritic
+
+# Keys that may differ when resuming; everything else must match the saved run.
+RESUME_MUTABLE = {"total_steps", "progress", "tensorboard", "checkpoint_every", "keep_checkpoints", "eval_episodes", "device", "torch_threads", "run_dir"}
+
+
+def obs_dim_of(env: VecEnv) -> int:
+    return int(math.prod(env.observation_space.shape))
+
+
+def build_model(cfg: Config, env: VecEnv) -> nn.Module:
+    return MLPActorCritic(
+        obs_dim_of(env), env.action_space, tuple(cfg.hidden_sizes), cfg.activation, init_log_std=cfg.init_log_std
+    )
+
+
+class Normalizers(nn.Module):
+    """Observation, reward and value statistics: all saved with checkpoints, obs stats used by eval."""
+
+    def __init__(self, cfg: Config, obs_dim: int, num_envs: int, num_agents: int, device: torch.device):
+        super().__init__()
+        self.obs = RunningMeanStd((obs_dim,), device=device) if cfg.norm_obs else None
+        self.reward = RewardScaler((num_envs, num_agents), cfg.gamma, device=device) if cfg.norm_reward else None
+        self.value = RunningMeanStd((), device=device) if cfg.norm_value else None
+        self.obs_clip = cfg.obs_clip
+
+
+@dataclass
+class RunResult:
+    """What `phalanx.train` returns: where the run lives, its last metrics and the trained policy."""
+
+    run_dir: Path
+    metrics: dict[str, float]
+    policy: Any
+    config: Config
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Trainer:
+    """Owns the env, policy, optimizer, statistics and run directory of one training run."""
+
+    def __init__(self, cfg: Config, run_dir: Path | None = None, resume: bool = False):
+        self.cfg = cfg
+        self.device = runs.resolve_device(cfg.device)
+        if cfg.torch_threads > 0:
+            torch.set_num_threads(cfg.torch_threads)
+        self.run_dir = Path(run_dir or cfg.run_dir or runs.default_run_dir(cfg.env))
+        self.resume = resume
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.lock = runs.RunLock(self.run_dir)
+        self.lock.acquire()
+        torch.manual_seed(cfg.seed)
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed % (2**32))
+        self.env = make(cfg.env, num_envs=cfg.num_envs, device=self.device, seed=cfg.seed, **cfg.env_options)
+        self.N, self.A = self.env.num_envs, self.env.num_agents
+        self.model = build_model(cfg, self.env).to(self.device)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.Adam(self.params, lr=cfg.lr, eps=cfg.adam_eps)
+        self.norms = Normalizers(cfg, obs_dim_of(self.env), self.N, self.A, self.device)
+        self.gen = torch.Generator(device=self.device)
+        self.gen.manual_seed(cfg.seed + 1_000_003)
+        self.global_step = 0
+        self.update_idx = 0
+        self.recent_returns: list[float] = []
+        self.history: list[dict[str, Any]] = []
+        self._alloc_buffers()
+        self.record = self.env.reset(seed=cfg.seed)
+        self.ep_return = torch.zeros(self.N, self.A, device=self.device)
+        self.ep_length = torch.zeros(self.N, self.A, device=self.device)
+        self.writer = None
+        self.checkpoint_every = cfg.checkpoint_every or max(cfg.batch_size, cfg.total_steps // 10)
+        self._last_ckpt_step = 0
+
+    # -- buffers ---------------------------------------------------------------------------------
+    def _alloc_buffers(self) -> None:
+        T, N, A, dev = self.cfg.num_steps, self.N, self.A, self.device
+        space = self.env.action_space
+        act_shape = space.shape
+        act_dtype = torch.float32 if isinstance(space, Box) else torch.long
+        self.buf = {
+            "obs": torch.zeros(T, N, A, obs_dim_of(self.env), device=dev),
+            "actions": torch.zeros(T, N, A, *act_shape, dtype=act_dtype, device=dev),
+            "logprobs": torch.zeros(T, N, A, device=dev),
+            "values": torch.zeros(T, N, A, device=dev),
+            "next_values": torch.zeros(T, N, A, device=dev),
+            "rewards": torch.zeros(T, N, A, device=dev),
+            "terminated": torch.zeros(T, N, A, dtype=torch.bool, device=dev),
+            "truncated": torch.zeros(T, N, A, dtype=torch.bool, device=dev),
+            "active": torch.zeros(T, N, A, dtype=torch.bool, device=dev),
+        }
+
+    def _flat_obs(self, obs: torch.Tensor) -> torch.Tensor:
+        return obs.reshape(self.N, self.A, -1).float()
+
+    def _obs_in(self, obs: torch.Tensor, update: bool = False, mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = self._flat_obs(obs)
+        if self.norms.obs is None:
+            return x
+        if update:
+            self.norms.obs.update(x, mask)
+        return self.norms.obs.normalize(x, self.cfg.obs_clip)
+
+    def _value(self, x: torch.Tensor) -> torch.Tensor:
+        v = self.model.value(x)
+        return self.norms.value.denormalize(v) if self.norms.value is not None else v
+
+    # -- rollout ---------------------------------------------------------------------------------
+    @torch.no_grad()
+    def collect(self) -> dict[str, torch.Tensor]:
+        """One rollout of `num_steps` on the device; returns episode statistics as tensors."""
+        b, rec, N = self.buf, self.record, self.N
+        dev = self.device
+        ep_sum = torch.zeros((), device=dev)
+        ep_len_sum = torch.zeros((), device=dev)
+        ep_count = torch.zeros((), device=dev)
+        success_sum = torch.zeros((), device=dev)
+        success_key = self.env.success_key
+        head = self.model.head
+        obs_n = self._obs_in(rec.obs, update=True, mask=rec.active)
+        value = self._value(obs_n)
+        for t in range(self.cfg.num_steps):
+            action, logp = self.model.act(obs_n, self.gen)
+            b["obs"][t] = obs_n
+            b["actions"][t] = action
+            b["logprobs"][t] = logp
+            b["values"][t] = value
+            b["active"][t] = rec.active
+            rec = self.env.step(head.to_env(action))
+            next_n = self._obs_in(rec.obs, update=True, mask=rec.active)
+            final_n = self._obs_in(rec.final_obs)
+            both = self._value(torch.cat([next_n, final_n], 0))
+            value, b["next_values"][t] = both[:N], both[N:]
+            reward = rec.reward
+            done = rec.terminated | rec.truncated
+            self.ep_return += reward
+            self.ep_length += b["active"][t].float()
+            ep_sum += (self.ep_return * done).sum()
+            ep_len_sum += (self.ep_length * done).sum()
+            ep_count += done.sum()
+            if success_key is not None and success_key in rec.info:
+                success_sum += (rec.info[success_key].reshape(N, -1).float() * done).sum()
+            self.ep_return.masked_fill_(done, 0.0)
+            self.ep_length.masked_fill_(done, 0.0)
+            if self.norms.reward is not None:
+                reward = self.norms.reward(reward, done, b["active"][t])
+            b["rewards"][t] = reward
+            b["terminated"][t] = rec.terminated
+            b["truncated"][t] = rec.truncated
+            obs_n = next_n
+        self.record = rec
+        return {"ep_return_sum": ep_sum, "ep_length_sum": ep_len_sum, "episodes": ep_count, "success_sum": success_sum}
+
+    # -- update ----------------------------------------------------------------------------------
+    def _evaluate(self, part: PPOBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        logp, ent = self.model.evaluate(part.obs, part.actions)
+        return logp, ent, self.model.value(part.critic_obs)
+
+    def update(self) -> dict[str, torch.Tensor]:
+        cfg, b = self.cfg, self.buf
+        adv, ret = compute_gae(
+            b["rewards"], b["values"], b["next_values"], b["terminated"], b["truncated"],
+            cfg.gamma, cfg.gae_lambda, active=b["active"],
+        )
+        values = b["values"]
+        mask = b["active"].float()
+        if self.norms.value is not None:
+            self.norms.value.update(ret, b["active"])
+            ret = self.norms.value.normalize(ret)
+            values = self.norms.value.normalize(values)
+        flat = lambda x: x.reshape(-1, *x.shape[3:])  # noqa: E731
+        batch = PPOBatch(
+            obs=flat(b["obs"]), critic_obs=flat(b["obs"]), actions=flat(b["actions"]), logprobs=flat(b["logprobs"]),
+            advantages=flat(adv), returns=flat(ret), values=flat(values), mask=flat(mask),
+        )
+        if cfg.anneal_lr:
+            frac = 1.0 - self.update_idx / max(1, self.num_updates)
+            for g in self.optimizer.param_groups:
+                g["lr"] = cfg.lr * frac
+        metrics = ppo_update(
+            self._evaluate, self.params, self.optimizer, batch,
+            num_epochs=cfg.num_epochs, num_minibatches=cfg.num_minibatches, clip_coef=cfg.clip_coef,
+            vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef, max_grad_norm=cfg.max_grad_norm,
+            clip_vloss=cfg.clip_vloss, norm_adv=cfg.norm_adv, target_kl=cfg.target_kl or None, generator=self.gen,
+        )
+        self._last_batch = batch
+        return metrics
+
+    @property
+    def num_updates(self) -> int:
+        return max(1, math.ceil(self.cfg.total_steps / self.cfg.batch_size))
+
+    # -- state -----------------------------------------------------------------------------------
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        for i, p in enumerate(self.params):
+            for k, v in self.optimizer.state.get(p, {}).items():
+                if torch.is_tensor(v):
+                    out[f"optim.{i}.{k}"] = v
+        for k, v in self.norms.state_dict().items():
+            out[f"norms.{k}"] = v
+        for k, v in self.env.state_dict().items():
+            out[f"env.{k}"] = v
+        rec = self.record
+        for k in ("obs", "active"):
+            out[f"record.{k}"] = getattr(rec, k)
+        if rec.state is not None:
+            out["record.state"] = rec.state
+        out["trainer.ep_return"] = self.ep_return
+        out["trainer.ep_length"] = self.ep_length
+        out["trainer.rng"] = generator_state(self.gen)
+        out["torch.rng"] = torch.get_rng_state()
+        return out
+
+    def save(self) -> Path:
+        py_state = random.getstate()
+        np_state = np.random.get_state()
+        meta = {
+            "env": self.cfg.env,
+            "env_options": self.cfg.env_options,
+            "global_step": self.global_step,
+            "update": self.update_idx,
+            "config": self.cfg.to_dict(),
+            "model_shapes": {k: list(v.shape) for k, v in self.model.state_dict().items()},
+            "lr": [g["lr"] for g in self.optimizer.param_groups],
+            "recent_returns": self.recent_returns,
+            "python_rng": [py_state[0], list(py_state[1]), py_state[2]],
+            "numpy_rng": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        }
+        path = ckpt.save_checkpoint(
+            self.run_dir, self.global_step, self.model.state_dict(), self.state_tensors(), meta, self.cfg.keep_checkpoints
+        )
+        self._last_ckpt_step = self.global_step
+        return path
+
+    def restore(self, path: Path) -> None:
+        model_t, state_t, meta = ckpt.load_checkpoint(path)
+        check_compatible(path, meta, self.cfg, self.model)
+        try:
+            self.model.load_state_dict(model_t)
+        except RuntimeError as e:
+            raise CheckpointError(f"checkpoint '{path}' does not fit this model: {str(e).splitlines()[0]}") from None
+        dev = self.device
+        for i, p in enumerate(self.params):
+            st = {k.split(".", 2)[2]: v for k, v in state_t.items() if k.startswith(f"optim.{i}.")}
+            if st:
+                self.optimizer.state[p] = {k: (v if k == "step" else v.to(dev)) for k, v in st.items()}
+        for g, lr in zip(self.optimizer.param_groups, meta["lr"]):
+            g["lr"] = lr
+        self.norms.load_state_dict({k[6:]: v.to(dev) for k, v in state_t.items() if k.startswith("norms.")})
+        self.env.load_state_dict({k[4:]: v for k, v in state_t.items() if k.startswith("env.")})
+        rec = self.record
+        rec.obs = state_t["record.obs"].to(dev)
+        rec.active = state_t["record.active"].to(dev)
+        if "record.state" in state_t:
+            rec.state = state_t["record.state"].to(dev)
+        self.ep_return = state_t["trainer.ep_return"].to(dev)
+        self.ep_length = state_t["trainer.ep_length"].to(dev)
+        set_generator_state(self.gen, state_t["trainer.rng"])
+        torch.set_rng_state(state_t["torch.rng"])
+        self.global_step = int(meta["global_step"])
+        self.update_idx = int(meta["update"])
+        self._last_ckpt_step = self.global_step
+        self.recent_returns = list(meta.get("recent_returns", []))
+        pr = meta["python_rng"]
+        random.setstate((pr[0], tuple(pr[1]), pr[2]))
+        nr = meta["numpy_rng"]
+        np.random.set_state((nr[0], np.array(nr[1], dtype=np.uint32), nr[2], nr[3], nr[4]))
+
+    # -- loop ------------------------------------------------------------------------------------
+    def _open_logs(self) -> None:
+        runs_dir = self.run_dir
+        if self.cfg.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(runs_dir / "tb"), purge_step=self.global_step if self.resume else None)
+        self.metrics_file = open(runs_dir / "metrics.jsonl", "a")
+
+    def _log(self, row: dict[str, Any]) -> None:
+        self.metrics_file.write(json.dumps(row) + "\n")
+        self.metrics_file.flush()
+        if self.writer is not None:
+            step = row["step"]
+            for k, v in row.items():
+                if k in ("step", "update") or v is None:
+                    continue
+                group = "charts" if k.startswith(("episode", "success", "sps", "lr")) else "losses"
+                self.writer.add_scalar(f"{group}/{k}", v, step)
+
+    def _save_nonfinite(self, metrics: dict[str, float]) -> Path:
+        out = self.run_dir / f"nonfinite_update_{self.update_idx:06d}"
+        out.mkdir(exist_ok=True)
+        b = self._last_batch
+        save_file({k: getattr(b, k).detach().cpu().contiguous() for k in b.__dataclass_fields__}, str(out / "batch.safetensors"))
+        ckpt.write_json_atomic(out / "config.json", self.cfg.to_dict())
+        ckpt.write_json_atomic(out / "metrics.json", metrics)
+        return out
+
+    def train(self, max_updates: int | None = None) -> RunResult:
+        """Run until `total_steps` (or `max_updates` more updates, for tests and notebooks)."""
+        cfg = self.cfg
+        self._open_logs()
+        progress = Progress(cfg.total_steps, enabled=cfg.progress, start=self.global_step)
+        done_updates = 0
+        last_row: dict[str, Any] = {}
+        try:
+            while self.global_step < cfg.total_steps and (max_updates is None or done_updates < max_updates):
+                t0 = time.perf_counter()
+                stats = self.collect()
+                self.global_step += cfg.batch_size
+                metrics = self.update()
+                self.update_idx += 1
+                done_updates += 1
+                # The one host read per update.
+                names = list(METRIC_NAMES) + list(stats)
+                values = torch.stack([metrics[k].float() for k in METRIC_NAMES] + [stats[k].float() for k in stats]).tolist()
+                row_vals = dict(zip(names, values))
+                dt = time.perf_counter() - t0
+                row: dict[str, Any] = {"step": self.global_step, "update": self.update_idx}
+                eps = row_vals.pop("episodes")
+                ret_sum, len_sum, succ = row_vals.pop("ep_return_sum"), row_vals.pop("ep_length_sum"), row_vals.pop("success_sum")
+                row["episodes"] = int(eps)
+                if eps > 0:
+                    row["episode_return"] = ret_sum / eps
+                    row["episode_length"] = len_sum / eps
+                    if self.env.success_key is not None:
+                        row["success_rate"] = succ / eps
+                    self.recent_returns = (self.recent_returns + [row["episode_return"]])[-10:]
+                nonfinite = row_vals.pop("nonfinite")
+                row.update({k: v for k, v in row_vals.items()})
+                row["lr"] = self.optimizer.param_groups[0]["lr"]
+                row["sps"] = cfg.batch_size / dt
+                row["time"] = time.time()
+                if nonfinite > 0 or not all(math.isfinite(v) for v in row_vals.values()):
+                    where = self._save_nonfinite(row)
+                    raise NonFiniteLossError(
+                        f"loss became non-finite at update {self.update_idx} (step {self.global_step}); "
+                        f"batch and config saved to '{where}'; last good checkpoint: "
+                        f"{ckpt.list_checkpoints(self.run_dir)[-1] if ckpt.list_checkpoints(self.run_dir) else 'none'}"
+                    )
+                self._log(row)
+                self.history.append(row)
+                last_row = row
+                recent = sum(self.recent_returns) / len(self.recent_returns) if self.recent_returns else float("nan")
+                progress.update(self.global_step, row["sps"], recent)
+                if self.global_step - self._last_ckpt_step >= self.checkpoint_every:
+                    self.save()
+            if self.global_step >= cfg.total_steps and self._last_ckpt_step != self.global_step:
+                self.save()
+        finally:
+            progress.close()
+            self.metrics_file.close()
+            if self.writer is not None:
+                self.writer.close()
+        final = dict(last_row)
+        if self.global_step >= cfg.total_steps and cfg.eval_episodes > 0:
+            from phalanx.evaluate import evaluate_policy
+
+            ev = evaluate_policy(self.policy(), cfg.env, cfg.env_options, episodes=cfg.eval_episodes, seed=cfg.seed + 7777, device=self.device)
+            final.update({f"eval_{k}": v for k, v in ev.items() if isinstance(v, (int, float))})
+            ckpt.write_json_atomic(self.run_dir / "eval.json", ev)
+        return RunResult(self.run_dir, final, self.policy(), cfg, self.history)
+
+    def policy(self):
+        from phalanx.policy import Policy
+
+        return Policy(self.model, self.norms.obs, self.cfg, self.env.observation_space, self.env.action_space)
+
+    def close(self) -> None:
+        self.env.close()
+        self.lock.release()
+
+
+def check_compatible(path: Path, meta: dict[str, Any], cfg: Config, model: nn.Module) -> None:
+    """A checkpoint from another env or another model shape is refused, naming the mismatch."""
+    saved = meta.get("config", {})
+    if meta.get("env") != cfg.env:
+        raise CheckpointError(f"checkpoint '{path}' is for env '{meta.get('env')}', not '{cfg.env}'")
+    shapes = meta.get("model_shapes", {})
+    for k, v in model.state_dict().items():
+        if k not in shapes:
+            raise CheckpointError(f"checkpoint '{path}' lacks parameter '{k}' (model '{saved.get('model')}' {saved.get('hidden_sizes')})")
+        if list(v.shape) != shapes[k]:
+            raise CheckpointError(f"checkpoint '{path}' parameter '{k}' has shape {shapes[k]}, the model expects {list(v.shape)}")
+
+
+class Progress:
+    """A live bar (rich) on a terminal; a line every 10% of the run otherwise."""
+
+    def __init__(self, total: int, enabled: bool, start: int = 0):
+        self.total, self.enabled = total, enabled
+        self._bar = None
+        self._next_line = 0.1
+        if not enabled:
+            return
+        if sys.stderr.isatty():
+            from rich.progress import BarColumn, Progress as RichProgress, TextColumn, TimeRemainingColumn
+
+            self._bar = RichProgress(
+                TextColumn("[bold]train"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,} steps"),
+                TextColumn("{task.fields[sps]:>9,.0f} steps/s"), TextColumn("return {task.fields[ret]:>8.2f}"),
+                TimeRemainingColumn(), transient=False,
+            )
+            self._task = self._bar.add_task("train", total=total, completed=start, sps=0.0, ret=float("nan"))
+            self._bar.start()
+
+    def update(self, step: int, sps: float, ret: float) -> None:
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.update(self._task, completed=min(step, self.total), sps=sps, ret=ret)
+        elif step / self.total >= self._next_line or step >= self.total:
+            print(f"step {step:>10,}/{self.total:,}  {sps:>9,.0f} steps/s  return {ret:8.2f}", file=sys.stderr, flush=True)
+            while self._next_line <= step / self.total:
+                self._next_line += 0.1
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def load_run_config(run_dir: Path) -> Config:
+    path = Path(run_dir) / "config.json"
+    if not path.is_file():
+        raise CheckpointError(f"'{run_dir}' is not a run directory (no config.json)")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"run file '{path}' is not valid JSON: {e}") from None
+    return resolve(data)
+
+
+def train(config: Config | str | Path | dict | None = None, *, resume: str | Path | None = None, max_updates: int | None = None, **overrides: Any) -> RunResult:
+    """Train a policy. `config` is a Config, a YAML/TOML file or a mapping; keywords override keys.
+
+    `resume=RUN_DIR` continues a stopped run from its last checkpoint.
+    """
+    from phalanx.config import load_file
+
+    if resume is not None:
+        run_dir = Path(resume)
+        saved = load_run_config(run_dir).to_dict()
+        for k, v in overrides.items():
+            if k not in RESUME_MUTABLE and k in saved and v != saved[k]:
+                raise ConfigError(f"config key '{k}' cannot change on resume (run has {saved[k]!r}, got {v!r})")
+        cfg = resolve(saved, overrides)
+        trainer = Trainer(cfg, run_dir=run_dir, resume=True)
+        try:
+            trainer.restore(ckpt.latest_checkpoint(run_dir))
+            runs.truncate_metrics(run_dir, trainer.global_step)
+            ckpt.write_json_atomic(run_dir / "config.json", cfg.to_dict())
+            return trainer.train(max_updates=max_updates)
+        finally:
+            trainer.close()
+    layers: list[dict[str, Any]] = []
+    if isinstance(config, Config):
+        layers.append(config.to_dict())
+    elif isinstance(config, (str, Path)):
+        layers.append(load_file(config))
+    elif isinstance(config, dict):
+        layers.append(config)
+    layers.append(overrides)
+    cfg = resolve(*layers)
+    trainer = Trainer(cfg)
+    try:
+        if ckpt.list_checkpoints(trainer.run_dir):
+            raise ConfigError(f"run directory '{trainer.run_dir}' already holds a run; use --resume {trainer.run_dir} or another --run-dir")
+        ckpt.write_json_atomic(trainer.run_dir / "config.json", {**cfg.to_dict(), "run_dir": str(trainer.run_dir)})
+        ckpt.write_json_atomic(trainer.run_dir / "manifest.json", runs.manifest(trainer.device, cfg.seed))
+        return trainer.train(max_updates=max_updates)
+    finally:
+        trainer.close()
