@@ -57,7 +57,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 
 def _contiguous(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+    return {k: v.detach().to("cpu").clone().contiguous() for k, v in tensors.items()}
 
 
 def save_checkpoint(

@@ -32,7 +32,7 @@ def _train_parser(sub: Any) -> argparse.ArgumentParser:
             continue
         flag = "--" + key.replace("_", "-")
         shown = ",".join(map(str, default)) if isinstance(default, list) else default
-        keys.add_argument(flag, dest=key, metavar=typ.upper(), default=None, help=f"{help_} [{shown!s}]")
+        keys.add_argument(flag, dest=key, metavar=typ.upper(), default=None, help=f"{help_} [{shown!s}]".replace("%", "%%"))
     p.epilog = "Env options (e.g. --scenario for bucket_brigade) are passed as --option value; see `phalanx envs`."
     return p
 

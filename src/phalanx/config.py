@@ -11,7 +11,7 @@ import json
 import sys
 import typing
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from phalanx.errors import ConfigError
@@ -130,8 +130,8 @@ def _coerce(key: str, value: Any) -> Any:
                 raise bad from None
         raise bad
     if want is str:
-        if isinstance(value, str):
-            return value
+        if isinstance(value, (str, PurePath)):
+            return str(value)
         raise bad
     if want is list:
         if isinstance(value, str):

@@ -69,6 +69,9 @@ class Trainer:
     def __init__(self, cfg: Config, run_dir: Path | None = None, resume: bool = False):
         self.cfg = cfg
         self.device = runs.resolve_device(cfg.device)
+        if cfg.progress:
+            why = " (auto: CUDA, then MPS, then CPU)" if cfg.device == "auto" else ""
+            print(f"device: {self.device}{why}", file=sys.stderr, flush=True)
         if cfg.torch_threads > 0:
             torch.set_num_threads(cfg.torch_threads)
         self.run_dir = Path(run_dir or cfg.run_dir or runs.default_run_dir(cfg.env))
@@ -318,7 +321,7 @@ class Trainer:
         out = self.run_dir / f"nonfinite_update_{self.update_idx:06d}"
         out.mkdir(exist_ok=True)
         b = self._last_batch
-        save_file({k: getattr(b, k).detach().cpu().contiguous() for k in b.__dataclass_fields__}, str(out / "batch.safetensors"))
+        save_file({k: getattr(b, k).detach().cpu().clone() for k in b.__dataclass_fields__}, str(out / "batch.safetensors"))
         ckpt.write_json_atomic(out / "config.json", self.cfg.to_dict())
         ckpt.write_json_atomic(out / "metrics.json", metrics)
         return out
@@ -372,7 +375,7 @@ class Trainer:
                 progress.update(self.global_step, row["sps"], recent)
                 if self.global_step - self._last_ckpt_step >= self.checkpoint_every:
                     self.save()
-            if self.global_step >= cfg.total_steps and self._last_ckpt_step != self.global_step:
+            if self._last_ckpt_step != self.global_step:
                 self.save()
         finally:
             progress.close()

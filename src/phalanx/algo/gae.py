@@ -25,6 +25,8 @@ def compute_gae(
     the next active step. With `trial_bootstrap="stop"` a trial end cuts the trace like a
     termination; with "continue" value flows across it.
     """
+    if trial_bootstrap not in ("continue", "stop"):
+        raise ValueError(f"trial_bootstrap must be 'continue' or 'stop', got {trial_bootstrap!r}")
     not_term = (~terminated).to(rewards.dtype)
     ended = terminated | truncated
     if trial_end is not None and trial_bootstrap == "stop":
@@ -42,7 +44,8 @@ def compute_gae(
     else:
         act = active.to(rewards.dtype)
         for t in range(rewards.shape[0] - 1, -1, -1):
-            last = act[t] * (deltas[t] + decay[t] * last) + (1.0 - act[t]) * last
+            # An episode boundary flagged on an inactive step still cuts the trace.
+            last = act[t] * (deltas[t] + decay[t] * last) + (1.0 - act[t]) * not_ended[t] * last
             advantages[t] = act[t] * last
     returns = advantages + values
     return advantages, returns

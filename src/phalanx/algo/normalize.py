@@ -24,6 +24,7 @@ class RunningMeanStd(nn.Module):
         else:
             w = mask.reshape(-1).to(torch.float64)
         wx = w.reshape(-1, *([1] * self.mean.dim()))
+        x = torch.where(wx > 0, x, torch.zeros_like(x))  # excluded rows may hold inf/NaN
         n = w.sum()
         safe_n = n.clamp_min(1.0)
         batch_mean = (x * wx).sum(0) / safe_n

@@ -38,7 +38,8 @@ class PPOBatch:
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return (x * mask).sum() / mask.sum().clamp_min(1.0)
+    # where, not multiply: 0 * inf from an excluded entry would poison the mean.
+    return torch.where(mask > 0, x * mask, torch.zeros_like(x)).sum() / mask.sum().clamp_min(1.0)
 
 
 def ppo_losses(

@@ -1,0 +1,111 @@
+"""The command line: errors are one line with exit status 2; commands produce their files."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from phalanx.cli import main
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["train", "--env", "nosuchenv"], "unknown env 'nosuchenv'; allowed: cartpole"),
+        (["train", "--num-envs", "0"], "'num_envs' must be > 0"),
+        (["train", "--num-steps", "-3"], "'num_steps' must be > 0"),
+        (["train", "--lr", "fast"], "'lr' must be float"),
+        (["train", "--total-steps", "1.5"], "'total_steps' must be int"),
+        (["train", "--activation", "sigmoid"], "'activation' must be one of tanh, relu, gelu, silu"),
+        (["train", "--no-such-key", "3"], "unknown option '--no-such-key'"),
+        (["train", "--max-steps", "abc"], "env option 'max_steps' of 'cartpole' must be int"),
+        (["train", "--config", "/nonexistent.yaml"], "config file '/nonexistent.yaml' does not exist"),
+        (["train", "--device", "cuda:7"], "'device'"),
+        (["train", "--resume", "/nonexistent-run"], "not a run directory"),
+        (["eval", "/nonexistent-run"], "not a run directory"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(argv, needle, capsys, tmp_path):
+    code = main(argv + ["--run-dir", str(tmp_path / "r")] if argv[0] == "train" and "--resume" not in argv else argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1, err
+    assert needle in err
+    assert "Traceback" not in err
+
+
+def test_bad_config_files(tmp_path, capsys):
+    bad_yaml = tmp_path / "b.yaml"
+    bad_yaml.write_text("lr: [unclosed\n")
+    assert main(["train", "--config", str(bad_yaml)]) == 2
+    assert f"config file '{bad_yaml}' is not valid" in capsys.readouterr().err
+    unknown = tmp_path / "u.toml"
+    unknown.write_text("learning_rate = 3\n")
+    assert main(["train", "--config", str(unknown)]) == 2
+    assert "unknown config key 'learning_rate'" in capsys.readouterr().err
+
+
+def test_subprocess_error_has_no_traceback():
+    out = subprocess.run([sys.executable, "-m", "phalanx", "train", "--env", "nope"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [out.stderr.strip()]
+    assert "Traceback" not in out.stderr
+
+
+def test_help_lists_every_key(capsys):
+    from phalanx.config import describe_keys
+
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    for key, _, default, _ in describe_keys():
+        if key != "env_options":
+            assert "--" + key.replace("_", "-") in text
+
+
+def test_envs_lists_spaces(capsys):
+    assert main(["envs", "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["cartpole"]["action"] == "Discrete(2)"
+    assert "Box(shape=[1]" in rows["pendulum"]["action"]
+    assert "max_steps" in rows["cartpole"]["options"]
+
+
+def test_train_eval_plot_end_to_end(tmp_path, capsys):
+    run = tmp_path / "run"
+    code = main(["train", "--env", "cartpole", "--total-steps", "512", "--num-envs", "8", "--num-steps", "16",
+                 "--progress", "false", "--run-dir", str(run), "--max-steps", "200"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert f"run directory:  {run}" in out and "learning_curve.png" in out
+    assert json.loads((run / "config.json").read_text())["env_options"] == {"max_steps": 200}
+    assert main(["eval", str(run), "--episodes", "5", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert {"mean_return", "median_return", "std_return", "mean_length", "episodes"} <= set(res)
+    assert res["episodes"] == 5 and res["mean_length"] <= 200
+    assert main(["eval", str(run), "--episodes", "3", "--sample"]) == 0
+    assert "sampled" in capsys.readouterr().out
+    png = run / "plots" / "learning_curve.png"
+    png.unlink()
+    assert main(["plot", str(run)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Resuming a finished run with a larger budget continues it.
+    assert main(["train", "--resume", str(run), "--total-steps", "768", "--progress", "false"]) == 0
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["step"] == 768
+
+
+def test_second_training_on_same_run_dir_is_refused(tmp_path):
+    from phalanx.errors import PhalanxError
+    from phalanx.runs import RunLock
+
+    (tmp_path / "r").mkdir()
+    held = RunLock(tmp_path / "r")
+    held.acquire()
+    try:
+        with pytest.raises(PhalanxError, match="in use by another training"):
+            RunLock(tmp_path / "r").acquire()
+    finally:
+        held.release()

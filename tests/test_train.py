@@ -1,0 +1,256 @@
+"""Trainer, run directory, checkpoints, exact resume and the Python API."""
+
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import phalanx
+from phalanx import checkpoint as ckpt
+from phalanx.errors import CheckpointError, ConfigError, NonFiniteLossError
+from phalanx.evaluate import evaluate_policy
+
+SMALL = dict(num_envs=8, num_steps=16, num_epochs=2, num_minibatches=2, progress=False, tensorboard=False)
+
+
+def params_of(run_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(ckpt.latest_checkpoint(run_dir) / "model.safetensors"))
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*")) if p.is_file() and p.name != ".lock"
+    }
+
+
+def test_cartpole_learns_far_above_random(tmp_path):
+    result = phalanx.train(env="cartpole", total_steps=60_000, seed=3, run_dir=tmp_path / "r", progress=False, tensorboard=False)
+    trained = evaluate_policy(result.policy, "cartpole", episodes=16, seed=5)
+    random = evaluate_policy(None, "cartpole", episodes=64, seed=5, greedy=False)
+    assert random["mean_return"] < 40
+    assert trained["mean_return"] > 150, trained
+
+
+def test_run_directory_contents(tmp_path):
+    run = tmp_path / "r"
+    result = phalanx.train(env="cartpole", total_steps=8 * 16 * 3, run_dir=run, **{**SMALL, "tensorboard": True})
+    assert result.run_dir == run
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["num_envs"] == 8 and cfg["env"] == "cartpole"
+    man = json.loads((run / "manifest.json").read_text())
+    assert {"torch", "device", "seed", "git_revision", "phalanx"} <= set(man)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["update"] for r in rows] == [1, 2, 3]
+    for key in ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "explained_variance", "lr", "sps", "grad_norm"):
+        assert all(key in r for r in rows), key
+    assert list((run / "tb").glob("events.out.tfevents.*"))
+    final = ckpt.latest_checkpoint(run)
+    assert final.name == f"step_{3 * 128:012d}"
+    assert {p.name for p in final.iterdir()} == {"model.safetensors", "state.safetensors", "meta.json"}
+
+
+def test_keeps_last_k_checkpoints(tmp_path):
+    run = tmp_path / "r"
+    phalanx.train(env="cartpole", total_steps=128 * 5, checkpoint_every=128, keep_checkpoints=2, run_dir=run, **SMALL)
+    names = [p.name for p in ckpt.list_checkpoints(run)]
+    assert names == [f"step_{4 * 128:012d}", f"step_{5 * 128:012d}"]
+
+
+@pytest.mark.parametrize(
+    "env,extra",
+    [
+        ("cartpole", {}),
+        ("pendulum", {"norm_obs": True, "norm_reward": True, "norm_value": True, "target_kl": 0.5}),
+    ],
+)
+def test_resume_is_bit_identical(tmp_path, env, extra):
+    cfg = dict(env=env, total_steps=128 * 6, seed=7, checkpoint_every=128, **SMALL, **extra)
+    phalanx.train(run_dir=tmp_path / "full", **cfg)
+    phalanx.train(run_dir=tmp_path / "part", max_updates=3, **cfg)
+    assert ckpt.latest_checkpoint(tmp_path / "part").name == f"step_{3 * 128:012d}"
+    phalanx.train(resume=tmp_path / "part")
+    a, b = params_of(tmp_path / "full"), params_of(tmp_path / "part")
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    rows = [json.loads(x) for x in (tmp_path / "part" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["update"] for r in rows] == [1, 2, 3, 4, 5, 6]
+
+
+def test_resume_refuses_changed_hyperparameters(tmp_path):
+    phalanx.train(env="cartpole", total_steps=128, run_dir=tmp_path / "r", **SMALL)
+    with pytest.raises(ConfigError, match="'lr' cannot change on resume"):
+        phalanx.train(resume=tmp_path / "r", lr=0.5)
+
+
+def test_new_run_refuses_existing_run_dir(tmp_path):
+    phalanx.train(env="cartpole", total_steps=128, run_dir=tmp_path / "r", **SMALL)
+    with pytest.raises(ConfigError, match="already holds a run"):
+        phalanx.train(env="cartpole", total_steps=128, run_dir=tmp_path / "r", **SMALL)
+
+
+def _write_then_die(run_dir: str) -> None:
+    # Child process: start a checkpoint write and get SIGKILLed halfway through the first file.
+    import phalanx.checkpoint as c
+
+    def dying_save(tensors, path):
+        with open(path, "wb") as f:
+            f.write(b"\x00" * 100)
+            f.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    c.save_file = dying_save
+    c.save_checkpoint(Path(run_dir), 999, {"w": torch.ones(3)}, {"s": torch.ones(1)}, {}, keep=3)
+
+
+def test_checkpoint_survives_kill_during_write(tmp_path):
+    run = tmp_path / "r"
+    good = ckpt.save_checkpoint(run, 10, {"w": torch.arange(3.0)}, {"s": torch.zeros(1)}, {"a": 1}, keep=3)
+    proc = mp.get_context("fork").Process(target=_write_then_die, args=(str(run),))
+    proc.start()
+    proc.join(30)
+    assert proc.exitcode == -signal.SIGKILL
+    assert list((run / "checkpoints").glob(".tmp-*")), "the killed writer should leave only a temp dir"
+    assert ckpt.latest_checkpoint(run) == good
+    model, _, meta = ckpt.load_checkpoint(good)
+    assert torch.equal(model["w"], torch.arange(3.0)) and meta["a"] == 1
+    ckpt.save_checkpoint(run, 20, {"w": torch.ones(3)}, {"s": torch.zeros(1)}, {}, keep=3)
+    assert not list((run / "checkpoints").glob(".tmp-*")), "stale temp dirs of dead writers are cleaned up"
+
+
+def test_full_disk_keeps_previous_checkpoint(tmp_path, monkeypatch):
+    run = tmp_path / "r"
+    good = ckpt.save_checkpoint(run, 10, {"w": torch.arange(3.0)}, {"s": torch.zeros(1)}, {}, keep=3)
+
+    def enospc(tensors, path):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ckpt, "save_file", enospc)
+    with pytest.raises(CheckpointError, match="No space left on device"):
+        ckpt.save_checkpoint(run, 20, {"w": torch.ones(3)}, {"s": torch.zeros(1)}, {}, keep=3)
+    assert ckpt.list_checkpoints(run) == [good]
+    assert not list((run / "checkpoints").glob(".tmp-*"))
+
+
+def _resumable_run(tmp_path) -> Path:
+    run = tmp_path / "r"
+    phalanx.train(env="cartpole", total_steps=256, checkpoint_every=128, run_dir=run, **SMALL)
+    return run
+
+
+def test_truncated_checkpoint_is_refused_and_nothing_changes(tmp_path):
+    run = _resumable_run(tmp_path)
+    f = ckpt.latest_checkpoint(run) / "model.safetensors"
+    f.write_bytes(f.read_bytes()[:50])
+    before = tree_digest(run)
+    with pytest.raises(CheckpointError, match="model.safetensors"):
+        phalanx.train(resume=run)
+    assert tree_digest(run) == before
+
+
+def test_bit_flipped_checkpoint_is_refused(tmp_path):
+    run = _resumable_run(tmp_path)
+    f = ckpt.latest_checkpoint(run) / "state.safetensors"
+    data = bytearray(f.read_bytes())
+    data[-3] ^= 0x10
+    f.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="state.safetensors.*corrupt"):
+        phalanx.train(resume=run)
+
+
+def test_checkpoint_of_other_env_or_shape_is_refused(tmp_path):
+    run = _resumable_run(tmp_path)
+    other = tmp_path / "pend"
+    phalanx.train(env="pendulum", total_steps=128, run_dir=other, **SMALL)
+    with pytest.raises(CheckpointError, match="for env 'pendulum', not 'cartpole'"):
+        phalanx.load(run, checkpoint=ckpt.latest_checkpoint(other))
+    wide = tmp_path / "wide"
+    phalanx.train(env="cartpole", total_steps=128, run_dir=wide, hidden_sizes=[32], **SMALL)
+    with pytest.raises(CheckpointError, match="shape|lacks parameter"):
+        phalanx.load(run, checkpoint=ckpt.latest_checkpoint(wide))
+
+
+def test_pickle_payload_is_never_executed(tmp_path):
+    import pickle
+
+    run = _resumable_run(tmp_path)
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    target = ckpt.latest_checkpoint(run)
+    for name in ("model.safetensors", "state.safetensors", "meta.json"):
+        (target / name).write_bytes(pickle.dumps(Payload()))
+        with pytest.raises(CheckpointError):
+            phalanx.load(run)
+        assert not marker.exists()
+
+
+class NaNRewardEnv(phalanx.envs.cartpole.CartPoleEnv):
+    """CartPole whose rewards turn NaN after a number of steps: a broken user env."""
+
+    def __init__(self, *a, nan_after: int = 40, **kw):
+        super().__init__(*a, **kw)
+        self.nan_after, self.t = nan_after, 0
+
+    def step(self, actions):
+        rec = super().step(actions)
+        self.t += 1
+        if self.t > self.nan_after:
+            rec.reward = torch.full_like(rec.reward, float("nan"))
+        return rec
+
+
+def test_nonfinite_loss_stops_with_snapshot(tmp_path):
+    from phalanx.envs import EnvSpec, register
+
+    register(EnvSpec("test_nan_cartpole", NaNRewardEnv, "cartpole with NaN rewards after 40 steps"))
+    run = tmp_path / "r"
+    with pytest.raises(NonFiniteLossError, match="non-finite") as info:
+        phalanx.train(env="test_nan_cartpole", total_steps=128 * 6, checkpoint_every=128, run_dir=run, **SMALL)
+    # Updates 1-2 (steps 0..31 per env) are clean; update 3 sees NaN rewards.
+    assert ckpt.latest_checkpoint(run).name == f"step_{2 * 128:012d}"
+    snap = next(run.glob("nonfinite_update_*"))
+    assert str(snap) in str(info.value)
+    batch = load_file(str(snap / "batch.safetensors"))
+    assert torch.isnan(batch["returns"]).any()
+    assert json.loads((snap / "config.json").read_text())["env"] == "test_nan_cartpole"
+    phalanx.load(run)  # the last good checkpoint still loads
+
+
+def test_python_api_load_and_act(tmp_path):
+    result = phalanx.train(env="pendulum", total_steps=256, run_dir=tmp_path / "r", norm_obs=True, **SMALL)
+    policy = phalanx.load(result.run_dir)
+    obs = torch.randn(5, 1, 3)
+    greedy = policy.act(obs)
+    assert greedy.shape == (5, 1, 1) and (greedy.abs() <= 2).all()
+    assert torch.equal(greedy, policy.act(obs))
+    assert torch.equal(greedy, result.policy.act(obs))
+    g = torch.Generator().manual_seed(0)
+    sampled = policy.act(obs, greedy=False, generator=g)
+    assert not torch.equal(sampled, greedy)
+    # Eval uses the saved observation statistics.
+    assert policy.obs_rms is not None and not torch.equal(policy.obs_rms.mean, torch.zeros(3, dtype=torch.float64))
+
+
+def test_config_file_and_overrides_merge(tmp_path):
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text("env: cartpole\nnum_envs: 4\nlr: 0.01\nnum_steps: 16\n")
+    result = phalanx.train(cfg_file, total_steps=64, run_dir=tmp_path / "r", lr=0.02, progress=False, tensorboard=False)
+    saved = json.loads((result.run_dir / "config.json").read_text())
+    assert saved["num_envs"] == 4 and saved["lr"] == 0.02 and saved["num_steps"] == 16
+    toml = tmp_path / "c.toml"
+    toml.write_text('env = "pendulum"\nnum_envs = 2\nhidden_sizes = [16, 16]\n')
+    from phalanx.config import load_file, resolve
+
+    cfg = resolve(load_file(toml))
+    assert cfg.env == "pendulum" and cfg.hidden_sizes == [16, 16] and cfg.num_envs == 2
