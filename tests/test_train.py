@@ -254,3 +254,30 @@ def test_config_file_and_overrides_merge(tmp_path):
 
     cfg = resolve(load_file(toml))
     assert cfg.env == "pendulum" and cfg.hidden_sizes == [16, 16] and cfg.num_envs == 2
+
+
+def test_kill_9_then_resume_matches_uninterrupted(tmp_path):
+    """A real `phalanx train` process is SIGKILLed mid-run; `--resume` reaches the same parameters."""
+    import subprocess
+    import sys
+    import time
+
+    args = ["--env", "cartpole", "--total-steps", str(128 * 12), "--num-envs", "8", "--num-steps", "16",
+            "--num-epochs", "2", "--num-minibatches", "2", "--checkpoint-every", "128", "--seed", "11",
+            "--progress", "false", "--tensorboard", "false", "--torch-threads", "1"]
+    cmd = [sys.executable, "-m", "phalanx", "train"]
+    subprocess.run(cmd + args + ["--run-dir", str(tmp_path / "full")], check=True, capture_output=True, timeout=300)
+    proc = subprocess.Popen(cmd + args + ["--run-dir", str(tmp_path / "killed")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and len(ckpt.list_checkpoints(tmp_path / "killed")) < 2:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    done = ckpt.list_checkpoints(tmp_path / "killed")
+    assert done and int(done[-1].name.split("_")[1]) < 128 * 12, "the kill should land mid-run"
+    subprocess.run(cmd + ["--resume", str(tmp_path / "killed")], check=True, capture_output=True, timeout=300)
+    a, b = params_of(tmp_path / "full"), params_of(tmp_path / "killed")
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    lines = (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["update"] for x in lines] == list(range(1, 13))
