@@ -281,3 +281,10 @@ def test_kill_9_then_resume_matches_uninterrupted(tmp_path):
         assert torch.equal(a[k], b[k]), k
     lines = (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["update"] for x in lines] == list(range(1, 13))
+
+
+def test_trains_on_a_gymnasium_env_through_the_adapter(tmp_path):
+    result = phalanx.train(env="gym:CartPole-v1", total_steps=512, run_dir=tmp_path / "r", **{**SMALL, "num_envs": 4})
+    assert result.metrics["step"] == 512 and result.metrics["episodes"] > 0
+    ev = evaluate_policy(phalanx.load(result.run_dir), "gym:CartPole-v1", episodes=3, seed=1)
+    assert ev["episodes"] == 3 and ev["mean_length"] >= 8

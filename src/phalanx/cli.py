@@ -174,6 +174,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     pb.add_argument("bench_args", nargs=argparse.REMAINDER)
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:
+        # The bench has its own parser; hand it everything after the word.
+        try:
+            return cmd_bench(argparse.Namespace(bench_args=argv[1:]))
+        except PhalanxError as e:
+            print(f"phalanx: error: {e}", file=sys.stderr)
+            return 2
     try:
         args, extra = parser.parse_known_args(argv)
         if extra and args.command != "train":

@@ -86,7 +86,7 @@ class Trainer:
         self.N, self.A = self.env.num_envs, self.env.num_agents
         self.model = build_model(cfg, self.env).to(self.device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.Adam(self.params, lr=cfg.lr, eps=cfg.adam_eps)
+        self.optimizer = torch.optim.Adam(self.params, lr=cfg.lr, eps=cfg.adam_eps, foreach=True)
         self.norms = Normalizers(cfg, obs_dim_of(self.env), self.N, self.A, self.device)
         self.gen = torch.Generator(device=self.device)
         self.gen.manual_seed(cfg.seed + 1_000_003)
@@ -120,11 +120,8 @@ class Trainer:
             "active": torch.zeros(T, N, A, dtype=torch.bool, device=dev),
         }
 
-    def _flat_obs(self, obs: torch.Tensor) -> torch.Tensor:
-        return obs.reshape(self.N, self.A, -1).float()
-
-    def _obs_in(self, obs: torch.Tensor, update: bool = False, mask: torch.Tensor | None = None) -> torch.Tensor:
-        x = self._flat_obs(obs)
+    def _obs_in(self, obs: torch.Tensor, update: bool = False, mask: torch.Tensor | None = None, rows: int | None = None) -> torch.Tensor:
+        x = obs.reshape(rows or self.N, self.A, -1).float()
         if self.norms.obs is None:
             return x
         if update:
@@ -158,9 +155,8 @@ class Trainer:
             b["active"][t] = rec.active
             rec = self.env.step(head.to_env(action))
             next_n = self._obs_in(rec.obs, update=True, mask=rec.active)
-            final_n = self._obs_in(rec.final_obs)
-            both = self._value(torch.cat([next_n, final_n], 0))
-            value, b["next_values"][t] = both[:N], both[N:]
+            value = self._value(next_n)
+            b["next_values"][t] = self._final_values(rec, value)
             reward = rec.reward
             done = rec.terminated | rec.truncated
             self.ep_return += reward
@@ -180,6 +176,19 @@ class Trainer:
             obs_n = next_n
         self.record = rec
         return {"ep_return_sum": ep_sum, "ep_length_sum": ep_len_sum, "episodes": ep_count, "success_sum": success_sum}
+
+    def _final_values(self, rec, next_value: torch.Tensor) -> torch.Tensor:
+        """V(final_obs): equal to V(next obs) except where an episode was truncated (terminated
+        steps ignore it). On CPU, reading which rows were truncated costs nothing, so only those
+        rows go through the critic; on accelerators the whole batch does, to avoid a host sync."""
+        if self.device.type == "cpu":
+            rows = rec.truncated.any(-1).nonzero().squeeze(1)
+            if rows.numel() == 0:
+                return next_value
+            out = next_value.clone()
+            out[rows] = self._value(self._obs_in(rec.final_obs[rows], rows=len(rows)))
+            return out
+        return self._value(self._obs_in(rec.final_obs))
 
     # -- update ----------------------------------------------------------------------------------
     def _evaluate(self, part: PPOBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

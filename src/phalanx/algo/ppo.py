@@ -31,9 +31,13 @@ class PPOBatch:
         return self.logprobs.shape[0]
 
     def index(self, idx: torch.Tensor) -> "PPOBatch":
-        return PPOBatch(*(t[idx] for t in (
-            self.obs, self.critic_obs, self.actions, self.logprobs, self.advantages,
-            self.returns, self.values, self.mask,
+        # index_select is several times faster than advanced indexing on CPU; a critic that reads
+        # the observations themselves must not gather them twice.
+        pick = lambda t: t.index_select(0, idx)  # noqa: E731
+        obs = pick(self.obs)
+        critic_obs = obs if self.critic_obs is self.obs else pick(self.critic_obs)
+        return PPOBatch(obs, critic_obs, *(pick(t) for t in (
+            self.actions, self.logprobs, self.advantages, self.returns, self.values, self.mask,
         )))
 
 
@@ -144,6 +148,6 @@ def ppo_update(
             break
     out = {k: v / max(steps, 1) for k, v in sums.items()}
     out["nonfinite"] = sums["nonfinite"]
-    out["epochs"] = torch.tensor(float(epochs_done), device=device)
+    out["epochs"] = torch.full((), epochs_done, dtype=torch.float32, device=device)
     out["explained_variance"] = explained_variance(batch.values, batch.returns, batch.mask)
     return out

@@ -10,7 +10,30 @@ from torch import nn
 from phalanx.envs.spaces import Box, Discrete, MultiDiscrete, Space
 from phalanx.models import distributions as D
 
-ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}
+
+
+class _SigmoidTanh(torch.autograd.Function):
+    """tanh as 2*sigmoid(2x) - 1: on many CPUs torch.tanh is ~5x slower than sigmoid, and tanh
+    dominated the rollout (abs. difference from torch.tanh < 2e-7)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        y = torch.sigmoid(x * 2).mul_(2).sub_(1)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        (y,) = ctx.saved_tensors
+        return torch.ops.aten.tanh_backward(grad, y)
+
+
+class FastTanh(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _SigmoidTanh.apply(x) if x.device.type == "cpu" else torch.tanh(x)
+
+
+ACTIVATIONS = {"tanh": FastTanh, "relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}
 
 
 def layer_init(layer: nn.Linear, gain: float = math.sqrt(2), bias: float = 0.0) -> nn.Linear:

@@ -1,0 +1,34 @@
+"""The rollout and update never read device tensors back to the host per step."""
+
+import inspect
+import re
+
+from phalanx.algo import gae, ppo
+from phalanx.envs import cartpole, pendulum
+from phalanx.models import distributions, mlp
+from phalanx.train import Trainer
+
+HOST_READS = re.compile(r"\.item\(\)|\.cpu\(\)|\.numpy\(\)|\.tolist\(\)|(?<![.\w])(float|int|bool)\(")
+
+
+def _code(obj) -> str:
+    return "\n".join(line for line in inspect.getsource(obj).splitlines() if not line.strip().startswith("#"))
+
+
+def test_rollout_and_update_have_no_host_reads():
+    for fn in (Trainer.collect, Trainer.update, Trainer._evaluate, gae.compute_gae, ppo.ppo_losses,
+               cartpole.ClassicEnv.step, pendulum.PendulumEnv._transition, distributions,
+               mlp.MLPActorCritic.act, mlp.MLPActorCritic.evaluate, mlp.MLPActorCritic.value, mlp.ActionHead.sample,
+               mlp.ActionHead.log_prob, mlp.ActionHead.entropy, mlp.ActionHead.to_env):
+        assert not HOST_READS.search(_code(fn)), fn
+
+
+def test_update_reads_host_only_for_target_kl():
+    hits = [m.group(0) for m in HOST_READS.finditer(_code(ppo.ppo_update))]
+    assert hits == ["float("], hits  # the optional target-KL early stop, once per epoch
+    assert "target_kl is not None and float(" in _code(ppo.ppo_update)
+
+
+def test_trainer_reads_metrics_once_per_update():
+    src = _code(Trainer.train)
+    assert src.count(".tolist()") == 1
