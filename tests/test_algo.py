@@ -14,7 +14,14 @@ import pytest
 import torch
 
 from phalanx.algo import (
-    PPOBatch, RewardScaler, RunningMeanStd, compute_gae, explained_variance, masked_mean, ppo_losses, ppo_update,
+    PPOBatch,
+    RewardScaler,
+    RunningMeanStd,
+    compute_gae,
+    explained_variance,
+    masked_mean,
+    ppo_losses,
+    ppo_update,
 )
 from phalanx.envs.spaces import Box, Discrete, MultiDiscrete
 from phalanx.models import distributions as D

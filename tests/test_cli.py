@@ -109,3 +109,11 @@ def test_second_training_on_same_run_dir_is_refused(tmp_path):
             RunLock(tmp_path / "r").acquire()
     finally:
         held.release()
+
+
+def test_bench_prints_a_table(capsys):
+    assert main(["bench", "cartpole", "--num-envs", "8", "--seconds", "0.2", "--no-ref"]) == 0
+    out = capsys.readouterr().out
+    row = [line for line in out.splitlines() if line.strip().startswith("8 ")]
+    assert row, out
+    assert main(["bench", "cartpole", "--num-envs", "0"]) == 2

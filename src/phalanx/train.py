@@ -23,7 +23,7 @@ from phalanx.algo.ppo import METRIC_NAMES
 from phalanx.config import Config, resolve
 from phalanx.envs import make
 from phalanx.envs.base import VecEnv, generator_state, set_generator_state
-from phalanx.envs.spaces import Box, Discrete
+from phalanx.envs.spaces import Box
 from phalanx.errors import CheckpointError, ConfigError, NonFiniteLossError
 from phalanx.models import MLPActorCritic
 
@@ -433,7 +433,8 @@ class Progress:
         if not enabled:
             return
         if sys.stderr.isatty():
-            from rich.progress import BarColumn, Progress as RichProgress, TextColumn, TimeRemainingColumn
+            from rich.progress import BarColumn, TextColumn, TimeRemainingColumn
+            from rich.progress import Progress as RichProgress
 
             self._bar = RichProgress(
                 TextColumn("[bold]train"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,} steps"),

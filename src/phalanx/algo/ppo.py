@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn
@@ -30,7 +30,7 @@ class PPOBatch:
     def __len__(self) -> int:
         return self.logprobs.shape[0]
 
-    def index(self, idx: torch.Tensor) -> "PPOBatch":
+    def index(self, idx: torch.Tensor) -> PPOBatch:
         # index_select is several times faster than advanced indexing on CPU; a critic that reads
         # the observations themselves must not gather them twice.
         pick = lambda t: t.index_select(0, idx)  # noqa: E731

@@ -1,13 +1,12 @@
 """Vectorized torch environments, the env protocol and adapters."""
 
+# Registration side effects: each module registers its environments.
+from phalanx.envs import cartpole as _cartpole  # noqa: F401,E402
+from phalanx.envs import gym_adapter as _gym_adapter  # noqa: F401,E402
+from phalanx.envs import pendulum as _pendulum  # noqa: F401,E402
 from phalanx.envs.base import StepRecord, VecEnv
 from phalanx.envs.registry import EnvOption, EnvSpec, make, register, register_prefix, registered, spec
 from phalanx.envs.spaces import Box, Discrete, MultiDiscrete
-
-# Registration side effects: each module registers its environments.
-from phalanx.envs import cartpole as _cartpole  # noqa: F401,E402
-from phalanx.envs import pendulum as _pendulum  # noqa: F401,E402
-from phalanx.envs import gym_adapter as _gym_adapter  # noqa: F401,E402
 
 __all__ = [
     "Box", "Discrete", "EnvOption", "EnvSpec", "MultiDiscrete", "StepRecord", "VecEnv",

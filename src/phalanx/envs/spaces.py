@@ -39,7 +39,7 @@ class Box:
     dtype: torch.dtype = torch.float32
 
     @staticmethod
-    def uniform(low: float, high: float, shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> "Box":
+    def uniform(low: float, high: float, shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> Box:
         n = 1
         for s in shape:
             n *= s

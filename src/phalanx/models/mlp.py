@@ -11,7 +11,6 @@ from phalanx.envs.spaces import Box, Discrete, MultiDiscrete, Space
 from phalanx.models import distributions as D
 
 
-
 class _SigmoidTanh(torch.autograd.Function):
     """tanh as 2*sigmoid(2x) - 1: on many CPUs torch.tanh is ~5x slower than sigmoid, and tanh
     dominated the rollout (abs. difference from torch.tanh < 2e-7)."""
