@@ -17,6 +17,12 @@ class StepRecord:
     terminated / truncated / active / trial_end [N, A] bool; final_obs like obs (equals obs
     where no episode ended); final_state like state; info: per-env metric tensors [N] or [N, A].
     Environments auto-reset: where an episode ended, obs is the next episode's first observation.
+
+    `reward`, `terminated`, `truncated` describe the step just taken by the slots that were active
+    before it; `active` says which slots act on the returned `obs`. A slot's own end (death,
+    leaving) is flagged `terminated` on its last active step. An env's episode ended at this step
+    where every slot is done or was already inactive. `info` values are read where the env's
+    episode ended (e.g. info["houses_saved"] [N]) and averaged into the update's metrics.
     """
 
     obs: torch.Tensor
@@ -49,6 +55,8 @@ class VecEnv:
     role_names: tuple[str, ...] = ("agent",)
     roles: torch.Tensor  # [A] int64 role index per slot
     success_key: str | None = None  # info key holding per-episode success, if the env defines one
+    # Names of scripted policies this env ships (baselines, archetypes); see `scripted_actions`.
+    scripted_names: tuple[str, ...] = ()
 
     def reset(self, seed: int | None = None) -> StepRecord:
         raise NotImplementedError
@@ -61,6 +69,13 @@ class VecEnv:
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         raise NotImplementedError
+
+    def scripted_actions(self, name: str, record: StepRecord, generator: torch.Generator) -> torch.Tensor:
+        """Actions [N, A, ...] of the scripted policy `name` for every slot, given the latest record.
+
+        Scripted policies may read the env's internal state; they must stay batched on the device.
+        """
+        raise KeyError(f"env '{self.name}' has no scripted policy '{name}'")
 
     def close(self) -> None:
         pass
