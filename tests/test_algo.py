@@ -615,7 +615,7 @@ def test_gaussian_head_to_env_clips_per_dimension_bounds():
 @pytest.mark.parametrize("kind", list(SPACES))
 def test_mlp_actor_critic_batch_axes(kind):
     space = SPACES[kind]
-    model = MLPActorCritic(4, space, hidden=(8,), critic_dim=6)
+    model = MLPActorCritic(4, space, hidden=(8,), num_agents=2, state_dim=6)
     obs = torch.randn(3, 2, 4)
     g = torch.Generator().manual_seed(0)
     a, lp = model.act(obs, g)
@@ -623,7 +623,7 @@ def test_mlp_actor_critic_batch_axes(kind):
     assert lp.shape == (3, 2)
     lp2, ent = model.evaluate(obs, a)
     assert torch.allclose(lp, lp2) and ent.shape == (3, 2)
-    assert model.value(torch.randn(3, 2, 6)).shape == (3, 2)
+    assert model.value(torch.randn(3, 6)).shape == (3, 2)  # centralised: the state, one value per agent
 
 
 # ================================================================================================

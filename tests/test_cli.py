@@ -12,7 +12,7 @@ from phalanx.cli import main
 @pytest.mark.parametrize(
     "argv,needle",
     [
-        (["train", "--env", "nosuchenv"], "unknown env 'nosuchenv'; allowed: cartpole"),
+        (["train", "--env", "nosuchenv"], "unknown env 'nosuchenv'; allowed: "),
         (["train", "--num-envs", "0"], "'num_envs' must be > 0"),
         (["train", "--num-steps", "-3"], "'num_steps' must be > 0"),
         (["train", "--lr", "fast"], "'lr' must be float"),

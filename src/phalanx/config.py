@@ -52,13 +52,24 @@ class Config:
     norm_adv: bool = _f(True, "normalise advantages per minibatch")
     norm_obs: bool = _f(False, "normalise observations by running mean/std (saved with checkpoints)")
     norm_reward: bool = _f(False, "scale rewards by the running std of the discounted return")
-    norm_value: bool = _f(False, "learn values in running-normalised units")
+    norm_value: bool = _f(False, "learn values in running-normalised units (default on with critic=mappo)")
     obs_clip: float = _f(10.0, "clip normalised observations to +-this", positive=True)
     # Model.
     model: str = _f("mlp", "policy architecture", choices=("mlp",))
     hidden_sizes: list = _f([64, 64], "hidden layer widths of the actor and critic MLPs")
     activation: str = _f("tanh", "hidden activation", choices=("tanh", "relu", "gelu", "silu"))
     init_log_std: float = _f(0.0, "initial log-std of Gaussian action heads")
+    # Multi-agent.
+    param_sharing: str = _f(
+        "shared", "policy parameters: shared by all agents, shared with a one-hot agent id input, or one set per role",
+        choices=("shared", "shared_id", "per_role"),
+    )
+    critic: str = _f("ippo", "ippo: critic reads the agent's observation; mappo: the env's global state plus the agent id",
+                     choices=("ippo", "mappo"))
+    teammates: str = _f(
+        "", "comma list of policies for the last agent slots (scripted names from `phalanx envs`, or run:RUN_DIR for a "
+        "frozen trained policy); the other slots learn"
+    )
     # Run.
     run_dir: str = _f("", "run directory (default: runs/<env>-<time>)")
     checkpoint_every: int = _f(0, "write a checkpoint every this many steps (0: every 10% of the run)", min=0)
@@ -214,6 +225,8 @@ def resolve(*layers: dict[str, Any] | None) -> Config:
         raise ConfigError(f"unknown env '{env}'; allowed: {', '.join(known)}")
     base = dict(spec.train_defaults) if spec else {}
     base.update(merged)
+    if "norm_value" not in base and base.get("critic") == "mappo":
+        base["norm_value"] = True
     values = {}
     for key, value in base.items():
         value = _coerce(key, value)

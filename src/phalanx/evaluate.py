@@ -1,4 +1,4 @@
-"""Greedy or sampled evaluation of a policy on fresh episodes."""
+"""Evaluation of a policy, a scripted team or random play on fresh episodes."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from phalanx.envs import make
+from phalanx.envs.base import VecEnv
 
 
 @torch.no_grad()
@@ -21,60 +22,85 @@ def evaluate_policy(
     device: str | torch.device = "cpu",
     num_envs: int | None = None,
     max_steps: int = 1_000_000,
+    teammates: str = "",
 ) -> dict[str, Any]:
-    """Play `episodes` complete episodes; `policy` is a `Policy` or None for uniform random play."""
+    """Play `episodes` complete episodes.
+
+    `policy` is a trained `Policy`, the name of one of the env's scripted policies (every slot
+    plays it), or None for uniform random play. `teammates` (as the config key) fills the last
+    slots with other policies, for a trained policy that learned in a mixed team.
+    Returns the mean/median/std of the episode return (summed over agent slots: the team return),
+    the mean per-agent return, mean length, success rate and the env's own episode metrics.
+    """
     n = num_envs or min(episodes, 64)
     env = make(env_name, num_envs=n, device=device, seed=seed, **(env_options or {}))
+    if isinstance(policy, str) and policy not in env.scripted_names:
+        from phalanx.errors import ConfigError
+
+        allowed = ", ".join(("random",) + tuple(x for x in env.scripted_names if x != "random"))
+        raise ConfigError(f"unknown opponent/team '{policy}' for env '{env_name}'; allowed: {allowed}")
+    mates = None
+    if teammates and not isinstance(policy, str):
+        from phalanx.train import Teammates, parse_teammates
+
+        mates = Teammates(parse_teammates(teammates, env), env, env.device)
     gen = torch.Generator(device=env.device)
     gen.manual_seed(seed)
     rec = env.reset(seed=seed)
-    ep_ret = torch.zeros(n, device=env.device)
+    team_ret = torch.zeros(n, device=env.device)
     ep_len = torch.zeros(n, device=env.device)
-    returns: list[float] = []
-    lengths: list[float] = []
-    successes: list[float] = []
+    rows: list[dict[str, float]] = []
     # Each env contributes its first episodes in order, so the sample is not biased toward short ones.
     quota = -(-episodes // n)
-    taken = torch.zeros(n, dtype=torch.long)
+    taken = [0] * n
     steps = 0
-    while len(returns) < episodes and steps < max_steps:
+    while len(rows) < episodes and steps < max_steps:
         if policy is None:
             actions = random_actions(env, gen)
+        elif isinstance(policy, str):
+            actions = env.scripted_actions(policy, rec, gen)
         else:
             actions = policy.act(rec.obs, greedy=greedy, generator=gen)
+            if mates is not None:
+                actions = mates.fill(actions, rec, gen)
+        prev_active = rec.active
         rec = env.step(actions)
         steps += 1
-        # Per-agent mean: for one agent the episode return; for a team, the mean agent return.
-        ep_ret += rec.reward.mean(-1)
+        team_ret += (rec.reward * prev_active).sum(-1)
         ep_len += 1
-        done = (rec.terminated | rec.truncated).any(-1)
-        if bool(done.any()):
-            idx = done.nonzero().flatten().tolist()
-            succ = rec.info.get(env.success_key) if env.success_key else None
-            for i in idx:
-                if taken[i] < quota and len(returns) < episodes:
-                    returns.append(float(ep_ret[i]))
-                    lengths.append(float(ep_len[i]))
-                    if succ is not None:
-                        successes.append(float(succ.reshape(n, -1)[i].float().mean()))
+        env_done = ((rec.terminated | rec.truncated) | ~prev_active).all(-1)
+        if bool(env_done.any()):
+            info = {k: v.float().reshape(n, -1).mean(-1).tolist() for k, v in rec.info.items()}
+            for i in env_done.nonzero().flatten().tolist():
+                if taken[i] < quota and len(rows) < episodes:
+                    row = {"return": float(team_ret[i]), "length": float(ep_len[i])}
+                    row.update({k: v[i] for k, v in info.items()})
+                    rows.append(row)
                     taken[i] += 1
-            ep_ret[done] = 0.0
-            ep_len[done] = 0.0
+            team_ret.masked_fill_(env_done, 0.0)
+            ep_len.masked_fill_(env_done, 0.0)
+    A = env.num_agents
+    success_key = env.success_key
     env.close()
+    returns = [r["return"] for r in rows]
     out: dict[str, Any] = {
-        "episodes": len(returns),
+        "episodes": len(rows),
         "mean_return": statistics.fmean(returns) if returns else float("nan"),
         "median_return": statistics.median(returns) if returns else float("nan"),
         "std_return": statistics.pstdev(returns) if len(returns) > 1 else 0.0,
-        "mean_length": statistics.fmean(lengths) if lengths else float("nan"),
+        "mean_agent_return": statistics.fmean(returns) / A if returns else float("nan"),
+        "mean_length": statistics.fmean(r["length"] for r in rows) if rows else float("nan"),
         "greedy": greedy,
     }
-    if successes:
-        out["success_rate"] = statistics.fmean(successes)
+    if success_key is not None and rows and success_key in rows[0]:
+        out["success_rate"] = statistics.fmean(r[success_key] for r in rows)
+    for k in rows[0] if rows else ():
+        if k not in ("return", "length", success_key) and not k.startswith("episode_"):
+            out[f"mean_{k}"] = statistics.fmean(r[k] for r in rows)
     return out
 
 
-def random_actions(env: Any, gen: torch.Generator) -> torch.Tensor:
+def random_actions(env: VecEnv, gen: torch.Generator) -> torch.Tensor:
     """Uniform random actions for every slot of a batched env."""
     from phalanx.envs.spaces import Box, Discrete, MultiDiscrete
 

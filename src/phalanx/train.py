@@ -35,10 +35,57 @@ def obs_dim_of(env: VecEnv) -> int:
     return int(math.prod(env.observation_space.shape))
 
 
+def state_dim_of(env: VecEnv) -> int | None:
+    return int(math.prod(env.state_space.shape)) if env.state_space is not None else None
+
+
 def build_model(cfg: Config, env: VecEnv) -> nn.Module:
+    if cfg.critic == "mappo" and env.state_space is None:
+        raise ConfigError(f"config key 'critic' is 'mappo' but env '{cfg.env}' has no global state; use ippo")
+    roles = env.roles.detach().cpu() if cfg.param_sharing == "per_role" else None
     return MLPActorCritic(
-        obs_dim_of(env), env.action_space, tuple(cfg.hidden_sizes), cfg.activation, init_log_std=cfg.init_log_std
+        obs_dim_of(env), env.action_space, tuple(cfg.hidden_sizes), cfg.activation,
+        num_agents=env.num_agents, agent_id=cfg.param_sharing == "shared_id", roles=roles,
+        state_dim=state_dim_of(env) if cfg.critic == "mappo" else None, init_log_std=cfg.init_log_std,
     )
+
+
+def parse_teammates(teammates: str, env: VecEnv) -> list[str]:
+    """Per-slot controller names: '' for learner slots, else a scripted name or run:DIR."""
+    names = [t.strip() for t in teammates.split(",") if t.strip()]
+    if len(names) >= env.num_agents:
+        raise ConfigError(
+            f"config key 'teammates' names {len(names)} slots but env '{env.name}' has {env.num_agents}; leave at least one learner"
+        )
+    for n in names:
+        if not n.startswith("run:") and n not in env.scripted_names:
+            allowed = ", ".join(env.scripted_names) or "none"
+            raise ConfigError(f"config key 'teammates' has unknown policy '{n}'; allowed: {allowed}, or run:RUN_DIR")
+    return [""] * (env.num_agents - len(names)) + names
+
+
+class Teammates:
+    """Fills the non-learner slots' actions from scripted policies or frozen trained policies."""
+
+    def __init__(self, slots: list[str], env: VecEnv, device: torch.device):
+        self.env = env
+        self.learner = torch.tensor([s == "" for s in slots], device=device)
+        self.groups: list[tuple[str, torch.Tensor, Any]] = []
+        for name in dict.fromkeys(s for s in slots if s):
+            mask = torch.tensor([s == name for s in slots], device=device)
+            frozen = None
+            if name.startswith("run:"):
+                from phalanx.policy import load
+
+                frozen = load(name[4:], device=str(device))
+            self.groups.append((name, mask, frozen))
+
+    def fill(self, actions: torch.Tensor, record: Any, generator: torch.Generator) -> torch.Tensor:
+        for name, mask, frozen in self.groups:
+            other = frozen.act(record.obs, greedy=False, generator=generator) if frozen else self.env.scripted_actions(name, record, generator)
+            m = mask.reshape(1, -1, *([1] * (actions.dim() - 2)))
+            actions = torch.where(m, other.to(actions.dtype), actions)
+        return actions
 
 
 class Normalizers(nn.Module):
@@ -85,6 +132,8 @@ class Trainer:
         self.env = make(cfg.env, num_envs=cfg.num_envs, device=self.device, seed=cfg.seed, **cfg.env_options)
         self.N, self.A = self.env.num_envs, self.env.num_agents
         self.model = build_model(cfg, self.env).to(self.device)
+        self.teammates = Teammates(parse_teammates(cfg.teammates, self.env), self.env, self.device)
+        self.learner = self.teammates.learner
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.Adam(self.params, lr=cfg.lr, eps=cfg.adam_eps, foreach=True)
         self.norms = Normalizers(cfg, obs_dim_of(self.env), self.N, self.A, self.device)
@@ -98,6 +147,7 @@ class Trainer:
         self.record = self.env.reset(seed=cfg.seed)
         self.ep_return = torch.zeros(self.N, self.A, device=self.device)
         self.ep_length = torch.zeros(self.N, self.A, device=self.device)
+        self.team_return = torch.zeros(self.N, device=self.device)
         self.writer = None
         self.checkpoint_every = cfg.checkpoint_every or max(cfg.batch_size, cfg.total_steps // 10)
         self._last_ckpt_step = 0
@@ -119,6 +169,8 @@ class Trainer:
             "truncated": torch.zeros(T, N, A, dtype=torch.bool, device=dev),
             "active": torch.zeros(T, N, A, dtype=torch.bool, device=dev),
         }
+        if self.model.centralized:
+            self.buf["states"] = torch.zeros(T, N, state_dim_of(self.env), device=dev)
 
     def _obs_in(self, obs: torch.Tensor, update: bool = False, mask: torch.Tensor | None = None, rows: int | None = None) -> torch.Tensor:
         x = obs.reshape(rows or self.N, self.A, -1).float()
@@ -128,67 +180,83 @@ class Trainer:
             self.norms.obs.update(x, mask)
         return self.norms.obs.normalize(x, self.cfg.obs_clip)
 
-    def _value(self, x: torch.Tensor) -> torch.Tensor:
-        v = self.model.value(x)
+    def _value(self, obs_n: torch.Tensor, state: torch.Tensor | None) -> torch.Tensor:
+        v = self.model.value(state.reshape(state.shape[0], -1).float() if self.model.centralized else obs_n)
         return self.norms.value.denormalize(v) if self.norms.value is not None else v
 
     # -- rollout ---------------------------------------------------------------------------------
     @torch.no_grad()
     def collect(self) -> dict[str, torch.Tensor]:
-        """One rollout of `num_steps` on the device; returns episode statistics as tensors."""
-        b, rec, N = self.buf, self.record, self.N
-        dev = self.device
-        ep_sum = torch.zeros((), device=dev)
-        ep_len_sum = torch.zeros((), device=dev)
-        ep_count = torch.zeros((), device=dev)
-        success_sum = torch.zeros((), device=dev)
-        success_key = self.env.success_key
-        head = self.model.head
-        obs_n = self._obs_in(rec.obs, update=True, mask=rec.active)
-        value = self._value(obs_n)
+        """One rollout of `num_steps` on the device; returns episode statistics as tensors.
+
+        Agent episodes are counted per learner slot; team episodes (the env's episode, all slots'
+        rewards summed) where every slot is done or was already inactive.
+        """
+        b, rec = self.buf, self.record
+        zero = lambda: torch.zeros((), device=self.device)  # noqa: E731
+        stats = {"ep_return_sum": zero(), "ep_length_sum": zero(), "episodes": zero(), "team_return_sum": zero(), "team_episodes": zero()}
+        head, learner = self.model.head, self.learner
+        obs_n = self._obs_in(rec.obs, update=True, mask=rec.active & learner)
+        value = self._value(obs_n, rec.state)
         for t in range(self.cfg.num_steps):
             action, logp = self.model.act(obs_n, self.gen)
+            if self.teammates.groups:
+                action = self.teammates.fill(action, rec, self.gen)
+            acting = rec.active & learner
             b["obs"][t] = obs_n
+            if "states" in b:
+                b["states"][t] = rec.state.reshape(self.N, -1)
             b["actions"][t] = action
             b["logprobs"][t] = logp
             b["values"][t] = value
-            b["active"][t] = rec.active
+            b["active"][t] = acting
+            prev_active = rec.active
             rec = self.env.step(head.to_env(action))
-            next_n = self._obs_in(rec.obs, update=True, mask=rec.active)
-            value = self._value(next_n)
+            next_n = self._obs_in(rec.obs, update=True, mask=rec.active & learner)
+            value = self._value(next_n, rec.state)
             b["next_values"][t] = self._final_values(rec, value)
             reward = rec.reward
             done = rec.terminated | rec.truncated
             self.ep_return += reward
-            self.ep_length += b["active"][t].float()
-            ep_sum += (self.ep_return * done).sum()
-            ep_len_sum += (self.ep_length * done).sum()
-            ep_count += done.sum()
-            if success_key is not None and success_key in rec.info:
-                success_sum += (rec.info[success_key].reshape(N, -1).float() * done).sum()
+            self.ep_length += prev_active.float()
+            agent_done = done & acting
+            stats["ep_return_sum"] += (self.ep_return * agent_done).sum()
+            stats["ep_length_sum"] += (self.ep_length * agent_done).sum()
+            stats["episodes"] += agent_done.sum()
+            self.team_return += (reward * prev_active).sum(-1)
+            env_done = (done | ~prev_active).all(-1)
+            stats["team_return_sum"] += (self.team_return * env_done).sum()
+            stats["team_episodes"] += env_done.sum()
+            for k, v in rec.info.items():
+                key = f"info_{k}"
+                if key not in stats:
+                    stats[key] = zero()
+                stats[key] += (v.float().reshape(self.N, -1).mean(-1) * env_done).sum()
             self.ep_return.masked_fill_(done, 0.0)
             self.ep_length.masked_fill_(done, 0.0)
+            self.team_return.masked_fill_(env_done, 0.0)
             if self.norms.reward is not None:
-                reward = self.norms.reward(reward, done, b["active"][t])
+                reward = self.norms.reward(reward, done, acting)
             b["rewards"][t] = reward
             b["terminated"][t] = rec.terminated
             b["truncated"][t] = rec.truncated
             obs_n = next_n
         self.record = rec
-        return {"ep_return_sum": ep_sum, "ep_length_sum": ep_len_sum, "episodes": ep_count, "success_sum": success_sum}
+        return stats
 
     def _final_values(self, rec, next_value: torch.Tensor) -> torch.Tensor:
         """V(final_obs): equal to V(next obs) except where an episode was truncated (terminated
         steps ignore it). On CPU, reading which rows were truncated costs nothing, so only those
         rows go through the critic; on accelerators the whole batch does, to avoid a host sync."""
+        state = rec.final_state
         if self.device.type == "cpu":
             rows = rec.truncated.any(-1).nonzero().squeeze(1)
             if rows.numel() == 0:
                 return next_value
             out = next_value.clone()
-            out[rows] = self._value(self._obs_in(rec.final_obs[rows], rows=len(rows)))
+            out[rows] = self._value(self._obs_in(rec.final_obs[rows], rows=len(rows)), state[rows] if state is not None else None)
             return out
-        return self._value(self._obs_in(rec.final_obs))
+        return self._value(self._obs_in(rec.final_obs), state)
 
     # -- update ----------------------------------------------------------------------------------
     def _evaluate(self, part: PPOBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -207,10 +275,12 @@ class Trainer:
             self.norms.value.update(ret, b["active"])
             ret = self.norms.value.normalize(ret)
             values = self.norms.value.normalize(values)
-        flat = lambda x: x.reshape(-1, *x.shape[3:])  # noqa: E731
+        # Rows are (step, env) pairs; the agent axis stays whole so per-role layers see their slots.
+        flat = lambda x: x.reshape(-1, *x.shape[2:])  # noqa: E731
+        obs = flat(b["obs"])
         batch = PPOBatch(
-            obs=flat(b["obs"]), critic_obs=flat(b["obs"]), actions=flat(b["actions"]), logprobs=flat(b["logprobs"]),
-            advantages=flat(adv), returns=flat(ret), values=flat(values), mask=flat(mask),
+            obs=obs, critic_obs=flat(b["states"]) if "states" in b else obs, actions=flat(b["actions"]),
+            logprobs=flat(b["logprobs"]), advantages=flat(adv), returns=flat(ret), values=flat(values), mask=flat(mask),
         )
         if cfg.anneal_lr:
             frac = 1.0 - self.update_idx / max(1, self.num_updates)
@@ -247,6 +317,7 @@ class Trainer:
             out["record.state"] = rec.state
         out["trainer.ep_return"] = self.ep_return
         out["trainer.ep_length"] = self.ep_length
+        out["trainer.team_return"] = self.team_return
         out["trainer.rng"] = generator_state(self.gen)
         out["torch.rng"] = torch.get_rng_state()
         return out
@@ -295,6 +366,7 @@ class Trainer:
             rec.state = state_t["record.state"].to(dev)
         self.ep_return = state_t["trainer.ep_return"].to(dev)
         self.ep_length = state_t["trainer.ep_length"].to(dev)
+        self.team_return = state_t["trainer.team_return"].to(dev)
         set_generator_state(self.gen, state_t["trainer.rng"])
         torch.set_rng_state(state_t["torch.rng"])
         self.global_step = int(meta["global_step"])
@@ -323,7 +395,7 @@ class Trainer:
             for k, v in row.items():
                 if k in ("step", "update") or v is None:
                     continue
-                group = "charts" if k.startswith(("episode", "success", "sps", "lr")) else "losses"
+                group = "charts" if k.startswith(("episode", "team", "env_", "success", "sps", "lr")) else "losses"
                 self.writer.add_scalar(f"{group}/{k}", v, step)
 
     def _save_nonfinite(self, metrics: dict[str, float]) -> Path:
@@ -357,14 +429,20 @@ class Trainer:
                 dt = time.perf_counter() - t0
                 row: dict[str, Any] = {"step": self.global_step, "update": self.update_idx}
                 eps = row_vals.pop("episodes")
-                ret_sum, len_sum, succ = row_vals.pop("ep_return_sum"), row_vals.pop("ep_length_sum"), row_vals.pop("success_sum")
+                ret_sum, len_sum = row_vals.pop("ep_return_sum"), row_vals.pop("ep_length_sum")
+                team_eps, team_sum = row_vals.pop("team_episodes"), row_vals.pop("team_return_sum")
+                info = {k[5:]: row_vals.pop(k) for k in list(row_vals) if k.startswith("info_")}
                 row["episodes"] = int(eps)
                 if eps > 0:
                     row["episode_return"] = ret_sum / eps
                     row["episode_length"] = len_sum / eps
-                    if self.env.success_key is not None:
-                        row["success_rate"] = succ / eps
                     self.recent_returns = (self.recent_returns + [row["episode_return"]])[-10:]
+                if team_eps > 0 and self.A > 1:
+                    row["team_return"] = team_sum / team_eps
+                    for k, v in info.items():
+                        row[f"env_{k}"] = v / team_eps
+                if team_eps > 0 and self.env.success_key in info:
+                    row["success_rate"] = info[self.env.success_key] / team_eps
                 nonfinite = row_vals.pop("nonfinite")
                 row.update({k: v for k, v in row_vals.items()})
                 row["lr"] = self.optimizer.param_groups[0]["lr"]

@@ -41,13 +41,42 @@ def layer_init(layer: nn.Linear, gain: float = math.sqrt(2), bias: float = 0.0) 
     return layer
 
 
-def mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int, activation: str, out_gain: float) -> nn.Sequential:
+class RoleLinear(nn.Module):
+    """One linear layer per role, applied to the agent axis: x [..., A, in] -> [..., A, out].
+
+    `roles [A]` maps each agent slot to its parameter set, so the agent axis is one batched
+    matmul, never a Python loop over agents.
+    """
+
+    def __init__(self, in_dim: int, out_dim: int, roles: torch.Tensor, gain: float):
+        super().__init__()
+        groups = int(roles.max()) + 1
+        self.register_buffer("roles", roles.clone().long())
+        self.weight = nn.Parameter(torch.empty(groups, in_dim, out_dim))
+        self.bias = nn.Parameter(torch.zeros(groups, out_dim))
+        for g in range(groups):
+            w = torch.empty(out_dim, in_dim)
+            nn.init.orthogonal_(w, gain)
+            self.weight.data[g] = w.t()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.einsum("...ai,aio->...ao", x, self.weight[self.roles]) + self.bias[self.roles]
+
+
+def mlp(
+    in_dim: int, hidden: tuple[int, ...], out_dim: int, activation: str, out_gain: float, roles: torch.Tensor | None = None
+) -> nn.Sequential:
+    """An MLP; with `roles`, every layer has one parameter set per role (see RoleLinear)."""
+
+    def linear(i: int, o: int, gain: float) -> nn.Module:
+        return layer_init(nn.Linear(i, o), gain) if roles is None else RoleLinear(i, o, roles, gain)
+
     layers: list[nn.Module] = []
     d = in_dim
     for h in hidden:
-        layers += [layer_init(nn.Linear(d, h)), ACTIVATIONS[activation]()]
+        layers += [linear(d, h, math.sqrt(2)), ACTIVATIONS[activation]()]
         d = h
-    layers.append(layer_init(nn.Linear(d, out_dim), gain=out_gain))
+    layers.append(linear(d, out_dim, out_gain))
     return nn.Sequential(*layers)
 
 
@@ -101,10 +130,12 @@ class ActionHead(nn.Module):
 
 
 class MLPActorCritic(nn.Module):
-    """Separate actor and critic MLPs (as CleanRL), orthogonally initialised.
+    """Separate actor and critic MLPs (as CleanRL), orthogonally initialised, over [..., A, *].
 
-    Inputs carry any leading batch axes, e.g. [N, A, obs_dim]. The critic reads `critic_dim`
-    features (the observation for IPPO, a global state for MAPPO).
+    Multi-agent options: `agent_id` appends a one-hot of the agent slot to the inputs;
+    `roles` (an int tensor [A]) gives every role its own parameters; `state_dim` makes the
+    critic centralised (MAPPO): it reads the global state [..., S] plus the agent's one-hot id
+    instead of the agent's observation (IPPO).
     """
 
     def __init__(
@@ -113,24 +144,43 @@ class MLPActorCritic(nn.Module):
         action_space: Space,
         hidden: tuple[int, ...] = (64, 64),
         activation: str = "tanh",
-        critic_dim: int | None = None,
+        num_agents: int = 1,
+        agent_id: bool = False,
+        roles: torch.Tensor | None = None,
+        state_dim: int | None = None,
         init_log_std: float = 0.0,
     ):
         super().__init__()
+        self.num_agents, self.agent_id, self.centralized = num_agents, agent_id, state_dim is not None
+        self.register_buffer("agent_eye", torch.eye(num_agents))
         self.head = ActionHead(action_space, init_log_std)
-        self.actor = mlp(obs_dim, hidden, self.head.out_dim, activation, out_gain=0.01)
-        self.critic = mlp(critic_dim or obs_dim, hidden, 1, activation, out_gain=1.0)
+        actor_in = obs_dim + (num_agents if agent_id else 0)
+        critic_in = state_dim + num_agents if state_dim is not None else actor_in
+        self.actor = mlp(actor_in, hidden, self.head.out_dim, activation, out_gain=0.01, roles=roles)
+        self.critic = mlp(critic_in, hidden, 1, activation, out_gain=1.0, roles=roles)
+
+    def _with_id(self, x: torch.Tensor) -> torch.Tensor:
+        eye = self.agent_eye.expand(*x.shape[:-1], self.num_agents)
+        return torch.cat([x, eye], -1)
+
+    def actor_input(self, obs: torch.Tensor) -> torch.Tensor:
+        return self._with_id(obs) if self.agent_id else obs
 
     def value(self, critic_in: torch.Tensor) -> torch.Tensor:
-        return self.critic(critic_in).squeeze(-1)
+        """V per agent [..., A] from observations [..., A, D] (IPPO) or the state [..., S] (MAPPO)."""
+        if self.centralized:
+            x = self._with_id(critic_in.unsqueeze(-2).expand(*critic_in.shape[:-1], self.num_agents, critic_in.shape[-1]))
+        else:
+            x = self.actor_input(critic_in)
+        return self.critic(x).squeeze(-1)
 
     def act(
         self, obs: torch.Tensor, generator: torch.Generator | None = None, greedy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        out = self.actor(obs)
+        out = self.actor(self.actor_input(obs))
         action = self.head.sample(out, generator, greedy)
         return action, self.head.log_prob(out, action)
 
     def evaluate(self, obs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        out = self.actor(obs)
+        out = self.actor(self.actor_input(obs))
         return self.head.log_prob(out, actions), self.head.entropy(out)
