@@ -1,0 +1,191 @@
+"""Multi-agent training mechanics: masks, parameter sharing, centralised critic, mixed teams."""
+
+import copy
+
+import pytest
+import torch
+
+import phalanx
+from phalanx.config import resolve
+from phalanx.envs import Box, Discrete, EnvSpec, StepRecord, VecEnv, register
+from phalanx.envs.base import generator_state, set_generator_state
+from phalanx.train import Trainer
+
+
+class TinyTeamEnv(VecEnv):
+    """3 slots (roles 0, 0, 1); slot 2 leaves after 5 steps (terminated, then inactive); episodes
+    last 10 steps (truncated). Reward: 1 when an agent's action equals argmax of its first 3 obs."""
+
+    name = "tiny_team"
+    num_agents = 3
+    observation_space = Box.uniform(-1, 1, (4,))
+    action_space = Discrete(3)
+    state_space = Box.uniform(-1, 1, (5,))
+    role_names = ("scout", "medic")
+    scripted_names = ("zero",)
+
+    def __init__(self, num_envs=1, device="cpu", seed=0, leave_at=5):
+        self.num_envs, self.device = num_envs, torch.device(device)
+        self.roles = torch.tensor([0, 0, 1], device=self.device)
+        self.gen = torch.Generator(device=self.device)
+        self.gen.manual_seed(seed or 0)
+        self.leave_at = leave_at
+        self.t = torch.zeros(num_envs, dtype=torch.long, device=self.device)
+
+    def _obs(self):
+        self.o = torch.rand(self.num_envs, 3, 4, generator=self.gen, device=self.device) * 2 - 1
+        self.s = torch.rand(self.num_envs, 5, generator=self.gen, device=self.device)
+        return self.o
+
+    def _active(self):
+        a = torch.ones(self.num_envs, 3, dtype=torch.bool, device=self.device)
+        a[:, 2] = self.t < self.leave_at
+        return a
+
+    def reset(self, seed=None):
+        if seed is not None:
+            self.gen.manual_seed(seed)
+        self.t.zero_()
+        obs = self._obs()
+        f = torch.zeros(self.num_envs, 3, dtype=torch.bool, device=self.device)
+        return StepRecord(obs, torch.zeros(self.num_envs, 3), f, f, self._active(), f, obs, self.s, self.s)
+
+    def step(self, actions):
+        active = self._active()
+        reward = (actions == self.o[..., :3].argmax(-1)).float() * active
+        self.t += 1
+        trunc = (self.t >= 10).unsqueeze(1).expand(-1, 3).clone()
+        term = torch.zeros_like(trunc)
+        term[:, 2] = self.t == self.leave_at
+        final_obs, final_state = self.o.clone(), self.s.clone()
+        self.t = torch.where(self.t >= 10, 0, self.t)
+        obs = self._obs()
+        info = {"steps": (self.t == 0).float() * 10}
+        return StepRecord(obs, reward, term, trunc, self._active(), torch.zeros_like(trunc), final_obs, self.s, final_state, info)
+
+    def scripted_actions(self, name, record, generator):
+        return torch.zeros(self.num_envs, 3, dtype=torch.long, device=self.device)
+
+    def state_dict(self):
+        return {"t": self.t.clone(), "o": self.o.clone(), "s": self.s.clone(), "rng": generator_state(self.gen)}
+
+    def load_state_dict(self, st):
+        self.t, self.o, self.s = st["t"].clone(), st["o"].clone(), st["s"].clone()
+        set_generator_state(self.gen, st["rng"])
+
+
+register(EnvSpec("tiny_team", TinyTeamEnv, "test env: 3 slots, one leaves mid-episode"))
+BASE = dict(env="tiny_team", num_envs=4, num_steps=12, num_epochs=2, num_minibatches=2, progress=False, tensorboard=False)
+
+
+def make_trainer(tmp_path, **kw):
+    return Trainer(resolve({**BASE, **kw}), run_dir=tmp_path / "r")
+
+
+def test_inactive_steps_change_nothing_in_the_update(tmp_path):
+    tr = make_trainer(tmp_path, norm_value=True, critic="mappo")
+    tr.collect()
+    inactive = ~tr.buf["active"]
+    assert inactive.any() and tr.buf["active"].any()
+    model0, opt0, norms0, gen0 = (copy.deepcopy(tr.model.state_dict()), copy.deepcopy(tr.optimizer.state_dict()),
+                                  copy.deepcopy(tr.norms.state_dict()), tr.gen.get_state())
+    buf0 = {k: v.clone() for k, v in tr.buf.items()}
+    tr.update()
+    after_a = {k: v.clone() for k, v in tr.model.state_dict().items()}
+    # Rewind, scramble everything recorded at inactive steps, update again.
+    tr.model.load_state_dict(model0)
+    tr.optimizer.load_state_dict(opt0)
+    tr.norms.load_state_dict(norms0)
+    tr.gen.set_state(gen0)
+    tr.buf = {k: v.clone() for k, v in buf0.items()}
+    g = torch.Generator().manual_seed(9)
+    m = inactive
+    tr.buf["obs"][m] = torch.randn(int(m.sum()), 4, generator=g) * 100
+    tr.buf["rewards"][m] = torch.randn(int(m.sum()), generator=g) * 1e6
+    tr.buf["actions"][m] = torch.randint(0, 3, (int(m.sum()),), generator=g)
+    tr.buf["logprobs"][m] = torch.randn(int(m.sum()), generator=g) * 50
+    tr.buf["values"][m] = torch.randn(int(m.sum()), generator=g) * 1e3
+    tr.update()
+    for k, v in tr.model.state_dict().items():
+        assert torch.allclose(v, after_a[k], atol=1e-6, rtol=0), k
+    tr.close()
+
+
+def test_scrambling_active_steps_does_change_the_update(tmp_path):
+    tr = make_trainer(tmp_path)
+    tr.collect()
+    model0, opt0, gen0 = copy.deepcopy(tr.model.state_dict()), copy.deepcopy(tr.optimizer.state_dict()), tr.gen.get_state()
+    buf0 = {k: v.clone() for k, v in tr.buf.items()}
+    tr.update()
+    after_a = {k: v.clone() for k, v in tr.model.state_dict().items()}
+    tr.model.load_state_dict(model0)
+    tr.optimizer.load_state_dict(opt0)
+    tr.gen.set_state(gen0)
+    tr.buf = buf0
+    tr.buf["rewards"][tr.buf["active"]] += 5.0 * torch.randn(int(tr.buf["active"].sum()))
+    tr.update()
+    assert any(not torch.allclose(v, after_a[k]) for k, v in tr.model.state_dict().items())
+    tr.close()
+
+
+def n_params(module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def test_parameter_counts_for_sharing_modes(tmp_path):
+    shared = make_trainer(tmp_path / "a").model
+    with_id = make_trainer(tmp_path / "b", param_sharing="shared_id").model
+    per_role = make_trainer(tmp_path / "c", param_sharing="per_role").model
+    # shared_id: the first layer of actor and critic reads 3 more inputs (the one-hot slot id).
+    assert n_params(with_id) - n_params(shared) == 2 * 3 * 64
+    # per_role: one full copy per role (2 roles).
+    assert n_params(per_role) == 2 * n_params(shared)
+
+
+def test_per_role_gradients_stay_within_the_role(tmp_path):
+    model = make_trainer(tmp_path, param_sharing="per_role").model
+    obs = torch.randn(6, 3, 4)
+    actions = torch.randint(0, 3, (6, 3))
+    logp, _ = model.evaluate(obs, actions)
+    logp[:, 2].sum().backward()  # slot 2 alone: role 1
+    first = model.actor[0]
+    assert first.weight.grad[1].abs().sum() > 0
+    assert first.weight.grad[0].abs().sum() == 0
+    model.zero_grad()
+    logp, _ = model.evaluate(obs, actions)
+    logp[:, 0].sum().backward()  # slot 0: role 0
+    assert first.weight.grad[0].abs().sum() > 0 and first.weight.grad[1].abs().sum() == 0
+
+
+def test_centralized_critic_reads_the_global_state(tmp_path):
+    mappo = make_trainer(tmp_path / "m", critic="mappo").model
+    ippo = make_trainer(tmp_path / "i").model
+    s1, s2 = torch.rand(2, 5), torch.rand(2, 5)
+    v1, v2 = mappo.value(s1), mappo.value(s2)
+    assert v1.shape == (2, 3) and not torch.allclose(v1, v2)
+    assert not torch.allclose(v1[:, 0], v1[:, 1]), "the agent id makes values per agent"
+    obs = torch.randn(2, 3, 4)
+    assert ippo.value(obs).shape == (2, 3)
+    assert resolve({**BASE, "critic": "mappo"}).norm_value is True
+    assert resolve({**BASE, "critic": "mappo", "norm_value": False}).norm_value is False
+
+
+def test_teammates_are_not_trained_or_counted(tmp_path):
+    tr = make_trainer(tmp_path, teammates="zero")
+    assert tr.learner.tolist() == [True, True, False]
+    tr.collect()
+    assert not tr.buf["active"][..., 2].any()
+    assert (tr.buf["actions"][..., 2] == 0).all()
+    tr.close()
+    with pytest.raises(phalanx.errors.ConfigError, match="unknown policy 'hero'; allowed: zero"):
+        make_trainer(tmp_path / "x", teammates="hero")
+
+
+def test_multiagent_run_logs_team_metrics(tmp_path):
+    res = phalanx.train(**{**BASE, "total_steps": 4 * 12 * 3}, run_dir=tmp_path / "r", critic="mappo", param_sharing="per_role")
+    m = res.metrics
+    assert m["team_return"] > 0 and m["env_steps"] == pytest.approx(10.0)
+    # Agent episodes: slots 0,1 end at step 10, slot 2 at step 5; each slot-episode counted once.
+    assert m["episode_length"] == pytest.approx((10 + 10 + 5) / 3, rel=0.2)
+    pol = phalanx.load(res.run_dir)
+    assert pol.act(torch.randn(7, 3, 4)).shape == (7, 3)
