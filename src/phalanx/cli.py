@@ -99,17 +99,31 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     policy = load(args.run_dir, device=args.device)
     cfg = policy.config
-    res = evaluate_policy(
-        policy, cfg.env, cfg.env_options, episodes=args.episodes, greedy=not args.sample, seed=args.seed, device=policy.device
-    )
-    if args.json:
-        print(json.dumps(res))
-    else:
+    common = dict(env_options=cfg.env_options, episodes=args.episodes, seed=args.seed, device=policy.device)
+    res = evaluate_policy(policy, cfg.env, greedy=not args.sample, teammates=cfg.teammates, **common)
+    if not args.vs:
+        if args.json:
+            print(json.dumps(res))
+            return 0
         mode = "greedy" if res["greedy"] else "sampled"
         print(f"{cfg.env} ({mode}, {res['episodes']} episodes)")
-        for k in ("mean_return", "median_return", "std_return", "mean_length", "success_rate"):
-            if k in res:
-                print(f"  {k:<14} {res[k]:.3f}")
+        for k, v in res.items():
+            if isinstance(v, float):
+                print(f"  {k:<18} {v:.3f}")
+        return 0
+    table = {"learned": res}
+    for name in [v.strip() for v in args.vs.split(",") if v.strip()]:
+        table[name] = evaluate_policy(None if name == "random" else name, cfg.env, greedy=False, **common)
+    if args.json:
+        print(json.dumps(table))
+        return 0
+    extra = sorted({k for r in table.values() for k in r if k.startswith("mean_") and k not in ("mean_return", "mean_agent_return", "mean_length")})
+    cols = ["mean_return", "mean_agent_return", *extra, "mean_length"]
+    heads = ["team return" if policy.model.num_agents > 1 else "return", "per agent", *[k[5:] for k in extra], "length"]
+    print(f"{cfg.env} {cfg.env_options or ''} ({args.episodes} episodes each; learned = {'sampled' if args.sample else 'greedy'})")
+    print(f"{'policy':<14}" + "".join(f"{h:>16}" for h in heads))
+    for name, r in table.items():
+        print(f"{name:<14}" + "".join(f"{r.get(c, float('nan')):>16.2f}" for c in cols))
     return 0
 
 
@@ -127,7 +141,8 @@ def cmd_envs(args: argparse.Namespace) -> int:
     for name, s in sorted(registered().items()):
         env = make(name, num_envs=1)
         rows.append({
-            "name": name, "description": s.description, "agents": env.num_agents,
+            "name": name, "description": s.description, "agents": env.num_agents, "scripted": list(env.scripted_names),
+            "roles": list(env.role_names), "state": env.state_space.describe() if env.state_space is not None else None,
             "observation": env.observation_space.describe(), "action": env.action_space.describe(),
             "options": {k: {"default": o.default, "help": o.help, **({"choices": list(o.choices)} if o.choices else {})} for k, o in s.options.items()},
         })
@@ -138,6 +153,10 @@ def cmd_envs(args: argparse.Namespace) -> int:
     for r in rows:
         print(f"{r['name']}: {r['description']}")
         print(f"  agents {r['agents']}  observation {r['observation']}  action {r['action']}")
+        if r["state"]:
+            print(f"  global state {r['state']}  roles {', '.join(r['roles'])}")
+        if r["scripted"]:
+            print(f"  scripted policies (--vs, --teammates): {', '.join(r['scripted'])}")
         for k, o in r["options"].items():
             ch = f" (one of {', '.join(map(str, o['choices']))})" if "choices" in o else ""
             print(f"  --{k.replace('_', '-')} [{o['default']}]: {o['help']}{ch}")
@@ -165,6 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     mode.add_argument("--sample", action="store_true", help="sample actions from the policy")
     pe.add_argument("--json", action="store_true", help="print one JSON object")
     pe.add_argument("--seed", type=int, default=12345)
+    pe.add_argument("--vs", metavar="NAMES", help="comma list of scripted teams (see `phalanx envs`) and/or random to compare against")
     pe.add_argument("--device", default="cpu")
     pp = sub.add_parser("plot", help="write a PNG of return and losses against steps")
     pp.add_argument("run_dir")
