@@ -1,14 +1,17 @@
 """Vectorized torch environments, the env protocol and adapters."""
 
 # Registration side effects: each module registers its environments.
+from phalanx.envs import bucket_brigade as _bucket_brigade  # noqa: F401,E402
 from phalanx.envs import cartpole as _cartpole  # noqa: F401,E402
 from phalanx.envs import gym_adapter as _gym_adapter  # noqa: F401,E402
 from phalanx.envs import pendulum as _pendulum  # noqa: F401,E402
+from phalanx.envs import pettingzoo_adapter as _pettingzoo_adapter  # noqa: F401,E402
 from phalanx.envs.base import StepRecord, VecEnv
+from phalanx.envs.pettingzoo_adapter import to_pettingzoo
 from phalanx.envs.registry import EnvOption, EnvSpec, make, register, register_prefix, registered, spec
 from phalanx.envs.spaces import Box, Discrete, MultiDiscrete
 
 __all__ = [
     "Box", "Discrete", "EnvOption", "EnvSpec", "MultiDiscrete", "StepRecord", "VecEnv",
-    "make", "register", "register_prefix", "registered", "spec",
+    "make", "register", "register_prefix", "registered", "spec", "to_pettingzoo",
 ]

@@ -1,0 +1,476 @@
+"""PettingZoo interop, both ways.
+
+* `to_pettingzoo(env, index)`: one environment of a phalanx batch as a PettingZoo `ParallelEnv`.
+* `pz:<module>:<factory>`: any importable function returning a PettingZoo `ParallelEnv` (or an AEC
+  env, converted with `aec_to_parallel`) as a phalanx `VecEnv` over N copies, e.g.
+  `phalanx train --env pz:mypkg.envs:make_env` (module `mypkg.envs`, function `make_env`).
+
+pettingzoo (and gymnasium) are imported lazily, inside functions: `import phalanx` works without them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from typing import Any
+
+import numpy as np
+import torch
+
+from phalanx.envs.base import StepRecord, VecEnv
+from phalanx.envs.registry import register_prefix
+from phalanx.envs.spaces import Box, Discrete, MultiDiscrete, Space
+from phalanx.errors import ConfigError
+
+
+def _require_pettingzoo(what: str) -> Any:
+    try:
+        import pettingzoo
+    except ImportError:
+        raise ConfigError(f"{what} needs pettingzoo; install it with `pip install pettingzoo`") from None
+    return pettingzoo
+
+
+# --------------------------------------------------------------------------------------------------
+# Export: a phalanx env as a PettingZoo ParallelEnv
+# --------------------------------------------------------------------------------------------------
+
+
+def _gym_space(space: Space) -> Any:
+    """A phalanx per-agent space as the equivalent gymnasium space."""
+    from gymnasium import spaces as gs
+
+    if isinstance(space, Discrete):
+        return gs.Discrete(space.n)
+    if isinstance(space, MultiDiscrete):
+        return gs.MultiDiscrete(np.asarray(space.nvec, dtype=np.int64))
+    if isinstance(space, Box):
+        dtype = np.uint8 if space.dtype == torch.uint8 else np.float32
+        low = np.asarray(space.low, dtype=np.float64).reshape(space.shape)
+        high = np.asarray(space.high, dtype=np.float64).reshape(space.shape)
+        if dtype == np.uint8:
+            return gs.Box(low.astype(np.uint8), high.astype(np.uint8), shape=space.shape, dtype=np.uint8)
+        return gs.Box(low.astype(np.float32), high.astype(np.float32), shape=space.shape, dtype=np.float32)
+    raise ConfigError(f"space {space!r} has no gymnasium equivalent")
+
+
+def _agent_names(env: VecEnv) -> list[str]:
+    """`f"{role_name}_{i}"`, with i counting the slots of each role (e.g. sensor_0, sensor_1, relay_0)."""
+    roles = getattr(env, "roles", None)
+    names = tuple(getattr(env, "role_names", ("agent",))) or ("agent",)
+    role_idx = [0] * env.num_agents if roles is None else [int(r) for r in torch.as_tensor(roles).reshape(-1).tolist()]
+    counts: dict[str, int] = {}
+    out = []
+    for r in role_idx:
+        role = names[r] if 0 <= r < len(names) else f"role{r}"
+        out.append(f"{role}_{counts.get(role, 0)}")
+        counts[role] = counts.get(role, 0) + 1
+    return out
+
+
+def to_pettingzoo(env: VecEnv, index: int = 0) -> Any:
+    """Environment `index` of the phalanx batch `env` as a PettingZoo `ParallelEnv`.
+
+    Agents are named `f"{role_name}_{i}"` (i counts the slots of each role). `agents` holds the
+    slots that are active and have not finished this episode. Other environments of the batch are
+    stepped with action 0 (use `num_envs=1` to avoid the waste). See `PhalanxParallelEnv`.
+    """
+    _require_pettingzoo("to_pettingzoo")
+    if not 0 <= index < env.num_envs:
+        raise ConfigError(f"index {index} out of range for an env batch of {env.num_envs}")
+    return _parallel_env_class()(env, index)
+
+
+_PARALLEL_CLASS: type | None = None
+
+
+def _parallel_env_class() -> type:
+    """Build the ParallelEnv subclass on first use, so pettingzoo stays an optional import."""
+    global _PARALLEL_CLASS
+    if _PARALLEL_CLASS is not None:
+        return _PARALLEL_CLASS
+    from pettingzoo import ParallelEnv
+
+    class PhalanxParallelEnv(ParallelEnv):
+        """One env of a phalanx batch with PettingZoo's parallel API (numpy values, per-agent dicts).
+
+        Boundary mapping: `step` returns values for the agents that acted (those in `agents`
+        before the step). A slot flagged `terminated`/`truncated`, or one that went inactive
+        without a flag (reported as terminated), leaves `agents` and is not re-added in this
+        episode, even if the phalanx env revives it (it is then stepped with action 0). When every
+        agent is gone, `agents` is empty and the returned observations are the phalanx `final_obs`
+        (the auto-reset stays hidden); call `reset()` to start the next episode, which resets the
+        whole phalanx batch with the given seed. A `trial_end` appears as `infos[agent]["trial_end"]`;
+        the env's `info` values are copied into every agent's infos on the step the episode ends.
+        """
+
+        metadata = {"name": "phalanx", "render_modes": [], "is_parallelizable": True}
+
+        def __init__(self, venv: VecEnv, index: int) -> None:
+            self.venv = venv
+            self.index = index
+            self.metadata = {"name": f"phalanx_{venv.name}", "render_modes": [], "is_parallelizable": True}
+            self.possible_agents = _agent_names(venv)
+            self._slot = {a: i for i, a in enumerate(self.possible_agents)}
+            obs_space = _gym_space(venv.observation_space)
+            act_space = _gym_space(venv.action_space)
+            # The same object per agent, every call (parallel_api_test checks identity).
+            self.observation_spaces = {a: obs_space for a in self.possible_agents}
+            self.action_spaces = {a: act_space for a in self.possible_agents}
+            self.state_space = None if venv.state_space is None else _gym_space(venv.state_space)
+            self.agents: list[str] = []
+            self._finished: set[str] = set()
+            self._record: StepRecord | None = None
+            self._state: np.ndarray | None = None
+            self._act_space = venv.action_space
+
+        def observation_space(self, agent: str) -> Any:
+            return self.observation_spaces[agent]
+
+        def action_space(self, agent: str) -> Any:
+            return self.action_spaces[agent]
+
+        def _np(self, t: torch.Tensor) -> np.ndarray:
+            return t[self.index].detach().cpu().numpy()
+
+        def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict, dict]:
+            rec = self.venv.reset(seed=seed)
+            self._record = rec
+            self._finished = set()
+            obs = self._np(rec.obs)
+            active = self._np(rec.active)
+            self.agents = [a for a in self.possible_agents if active[self._slot[a]]]
+            self._state = None if rec.state is None else self._np(rec.state)
+            return {a: obs[self._slot[a]].copy() for a in self.agents}, {a: {} for a in self.agents}
+
+        def _actions_tensor(self, actions: dict[str, Any]) -> torch.Tensor:
+            n, a_count, dev = self.venv.num_envs, self.venv.num_agents, self.venv.device
+            space = self._act_space
+            if isinstance(space, Discrete):
+                out = torch.zeros(n, a_count, dtype=torch.long, device=dev)
+            elif isinstance(space, MultiDiscrete):
+                out = torch.zeros(n, a_count, len(space.nvec), dtype=torch.long, device=dev)
+            else:
+                low, high = space.low_tensor(dev), space.high_tensor(dev)
+                # Default action: 0 clipped into the box (finite bounds only).
+                default = torch.zeros(space.shape, device=dev)
+                default = torch.where(torch.isfinite(low), torch.maximum(default, low), default)
+                default = torch.where(torch.isfinite(high), torch.minimum(default, high), default)
+                out = default.expand(n, a_count, *space.shape).clone()
+            dtype = out.dtype
+            for agent, act in actions.items():
+                if agent not in self._slot:
+                    raise KeyError(f"unknown agent {agent!r}; possible agents: {self.possible_agents}")
+                if agent not in self.agents:
+                    continue  # PettingZoo lets callers pass actions of finished agents; ignore them
+                out[self.index, self._slot[agent]] = torch.as_tensor(np.asarray(act), dtype=dtype, device=dev).reshape(out.shape[2:])
+            return out
+
+        def step(self, actions: dict[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
+            if self._record is None or not self.agents:
+                raise RuntimeError("step() called with no live agents; call reset() first")
+            missing = [a for a in self.agents if a not in actions]
+            if missing:
+                raise KeyError(f"no action for live agents {missing}")
+            acting = list(self.agents)
+            rec = self.venv.step(self._actions_tensor(actions))
+            self._record = rec
+            i = self.index
+            reward = self._np(rec.reward)
+            term = self._np(rec.terminated)
+            trunc = self._np(rec.truncated)
+            active = self._np(rec.active)
+            trial_end = self._np(rec.trial_end)
+            obs_np, final_np = self._np(rec.obs), self._np(rec.final_obs)
+            terminations, truncations = {}, {}
+            for a in acting:
+                s = self._slot[a]
+                terminations[a] = bool(term[s]) or not (bool(trunc[s]) or bool(active[s]))
+                truncations[a] = bool(trunc[s])
+            # The env's episode ended: every acting slot is done (others were already inactive).
+            episode_end = all(terminations[a] or truncations[a] for a in acting)
+            self._finished |= {a for a in acting if terminations[a] or truncations[a]}
+            if episode_end:
+                self.agents = []
+                observations = {a: final_np[self._slot[a]].copy() for a in acting}
+                if rec.final_state is not None:
+                    self._state = self._np(rec.final_state)
+            else:
+                self.agents = [a for a in self.possible_agents if active[self._slot[a]] and a not in self._finished]
+                # Slots that just ended report their last observation (final_obs), others the new one.
+                observations = {
+                    a: (final_np if (terminations[a] or truncations[a]) else obs_np)[self._slot[a]].copy()
+                    for a in sorted(set(acting) | set(self.agents), key=self._slot.get)
+                }
+                if rec.state is not None:
+                    self._state = self._np(rec.state)
+            infos: dict[str, dict[str, Any]] = {a: {} for a in observations}
+            for a in observations:
+                if trial_end[self._slot[a]]:
+                    infos[a]["trial_end"] = True
+            if episode_end and rec.info:
+                for a in acting:
+                    s = self._slot[a]
+                    for k, v in rec.info.items():
+                        v = v[i]
+                        if v.ndim >= 1 and v.shape[0] == self.venv.num_agents:
+                            v = v[s]
+                        infos[a][k] = v.item() if v.numel() == 1 else v.detach().cpu().numpy()
+            rewards = {a: float(reward[self._slot[a]]) if a in acting else 0.0 for a in observations}
+            for a in observations:
+                terminations.setdefault(a, False)
+                truncations.setdefault(a, False)
+            return observations, rewards, terminations, truncations, infos
+
+        def state(self) -> np.ndarray:
+            if self._state is None:
+                raise NotImplementedError(f"phalanx env '{self.venv.name}' has no global state")
+            return self._state.copy()
+
+        def close(self) -> None:
+            self.venv.close()
+
+    PhalanxParallelEnv.__qualname__ = "PhalanxParallelEnv"
+    _PARALLEL_CLASS = PhalanxParallelEnv
+    return PhalanxParallelEnv
+
+
+# --------------------------------------------------------------------------------------------------
+# Import: a PettingZoo ParallelEnv factory as a phalanx VecEnv
+# --------------------------------------------------------------------------------------------------
+
+
+def _load_factory(rest: str) -> Any:
+    if rest.count(":") != 1 or not all(rest.split(":")):
+        raise ConfigError(f"env 'pz:{rest}' must be named pz:<module>:<factory> (e.g. pz:mypkg.envs:make_env)")
+    module_name, attr = rest.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(f"env 'pz:{rest}': cannot import module '{module_name}': {str(e).splitlines()[0]}") from None
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ConfigError(f"env 'pz:{rest}': module '{module_name}' has no '{attr}'") from None
+        except ImportError as e:  # packages that load submodules lazily (pettingzoo.classic, ...)
+            raise ConfigError(f"env 'pz:{rest}': cannot import '{attr}': {str(e).splitlines()[0]}") from None
+    if not callable(obj):
+        raise ConfigError(f"env 'pz:{rest}': '{attr}' is not callable")
+    return obj
+
+
+def _role_of(agent: str) -> str:
+    """`adversary_0` -> `adversary`; names without a numeric suffix are their own role."""
+    return re.sub(r"_\d+$", "", str(agent))
+
+
+class PettingZooVecEnv(VecEnv):
+    """N copies of a PettingZoo `ParallelEnv` as a phalanx VecEnv with A = len(possible_agents) slots.
+
+    Slot j is `possible_agents[j]`; roles come from the agent names without their `_<number>`
+    suffix. All agents must share one observation space and one action space. An agent that is
+    not in the copy's `agents` is an inactive slot (obs zero-filled, reward 0, active False); its
+    own end is flagged `terminated`/`truncated` on its last active step (an agent that disappears
+    without a flag counts as terminated), with its last observation in `final_obs`. When no agent
+    is left the copy auto-resets: `obs` is the new episode's first observation, `final_obs` the
+    last one of each slot that acted. Copy i is seeded with `seed + i` at the first reset (or at
+    `reset(seed)`); later episodes use each copy's own RNG.
+
+    Stepping is a Python loop over the copies with host copies, so this is the slow compatibility
+    path, for checks and small runs. `state_dict` is empty: PettingZoo envs cannot be saved and
+    restored bit-identically, so a resumed run continues with the copies' current episodes.
+    """
+
+    def __init__(self, rest: str, num_envs: int = 1, device: torch.device | str = "cpu", seed: int | None = 0, **options: Any) -> None:
+        _require_pettingzoo(f"env 'pz:{rest}'")
+        factory = _load_factory(rest)
+        self.envs = [self._build(factory, rest, options) for _ in range(num_envs)]
+        first = self.envs[0]
+        self.name = f"pz:{rest}"
+        self.num_envs = num_envs
+        self.device = torch.device(device)
+        self.agent_names: list[str] = list(first.possible_agents)
+        if not self.agent_names:
+            raise ConfigError(f"env 'pz:{rest}' has no possible_agents")
+        self.num_agents = len(self.agent_names)
+        self._slot = {a: j for j, a in enumerate(self.agent_names)}
+        self._check_shared_spaces(first, rest)
+        from phalanx.envs.gym_adapter import _map_action_space, _map_obs_space
+
+        self._single_obs = first.observation_space(self.agent_names[0])
+        self._single_act = first.action_space(self.agent_names[0])
+        self.observation_space, self._flatten = _map_obs_space(self._single_obs)
+        self.action_space = _map_action_space(self._single_act, self.name)
+        role_of = [_role_of(a) for a in self.agent_names]
+        self.role_names = tuple(dict.fromkeys(role_of))
+        self.roles = torch.tensor([self.role_names.index(r) for r in role_of], dtype=torch.long, device=self.device)
+        self._pending_seed = seed
+        self._obs_shape = tuple(self.observation_space.shape)
+        self._obs_dtype = self.observation_space.dtype
+        n, a = num_envs, self.num_agents
+        self._active = np.zeros((n, a), dtype=bool)
+        self._ep_return = np.zeros(n, dtype=np.float64)
+        self._ep_length = np.zeros(n, dtype=np.int64)
+
+    @staticmethod
+    def _build(factory: Any, rest: str, options: dict[str, Any]) -> Any:
+        try:
+            env = factory(**options)
+        except TypeError as e:
+            raise ConfigError(f"env 'pz:{rest}' rejected options {options}: {str(e).splitlines()[0]}") from None
+        except ImportError as e:
+            raise ConfigError(f"env 'pz:{rest}' needs a missing package: {str(e).splitlines()[0]}") from None
+        from pettingzoo import AECEnv
+
+        if isinstance(env, AECEnv):
+            from pettingzoo.utils.conversions import aec_to_parallel
+
+            env = aec_to_parallel(env)
+        if not all(hasattr(env, k) for k in ("possible_agents", "reset", "step", "observation_space", "action_space")):
+            raise ConfigError(f"env 'pz:{rest}': the factory returned {type(env).__name__}, not a PettingZoo ParallelEnv")
+        return env
+
+    def _check_shared_spaces(self, env: Any, rest: str) -> None:
+        ref = self.agent_names[0]
+        for kind in ("observation", "action"):
+            get = getattr(env, f"{kind}_space")
+            ref_space = get(ref)
+            differ = [a for a in self.agent_names[1:] if get(a) != ref_space]
+            if differ:
+                raise ConfigError(
+                    f"env 'pz:{rest}': agents must share one {kind} space; {ref} has {ref_space} but "
+                    + ", ".join(f"{a} has {get(a)}" for a in differ)
+                )
+
+    # -- conversions -----------------------------------------------------------------------------
+    def _obs_one(self, o: Any) -> np.ndarray:
+        from gymnasium import spaces as gs
+
+        arr = gs.flatten(self._single_obs, o) if self._flatten else np.asarray(o)
+        return np.asarray(arr, dtype=np.float32).reshape(self._obs_shape)
+
+    def _fill(self, i: int, obs: dict[str, Any], agents: list[str], out: np.ndarray) -> None:
+        out[i] = 0.0
+        for a in agents:
+            if a in obs and a in self._slot:
+                out[i, self._slot[a]] = self._obs_one(obs[a])
+
+    def _t(self, x: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+        return torch.as_tensor(np.ascontiguousarray(x)).to(device=self.device, dtype=dtype)
+
+    def _actions_for(self, env: Any, acts: np.ndarray) -> dict[str, Any]:
+        from gymnasium import spaces as gs
+
+        space = self._single_act
+        out = {}
+        for a in env.agents:
+            x = acts[self._slot[a]]
+            if isinstance(space, gs.Discrete):
+                out[a] = int(x) + int(space.start)
+            elif isinstance(space, gs.MultiDiscrete):
+                out[a] = (x.astype(np.int64) + space.start).astype(space.dtype)
+            else:
+                out[a] = np.asarray(x, dtype=space.dtype).reshape(space.shape)
+        return out
+
+    # -- protocol --------------------------------------------------------------------------------
+    def reset(self, seed: int | None = None) -> StepRecord:
+        seed = self._pending_seed if seed is None else seed
+        self._pending_seed = None
+        n, a = self.num_envs, self.num_agents
+        obs_buf = np.zeros((n, a, *self._obs_shape), dtype=np.float32)
+        self._active[:] = False
+        for i, env in enumerate(self.envs):
+            obs, _ = env.reset(seed=None if seed is None else seed + i)
+            self._fill(i, obs, list(env.agents), obs_buf)
+            for ag in env.agents:
+                self._active[i, self._slot[ag]] = True
+        self._ep_return[:] = 0
+        self._ep_length[:] = 0
+        o = self._t(obs_buf, self._obs_dtype)
+        false = torch.zeros(n, a, dtype=torch.bool, device=self.device)
+        return StepRecord(obs=o, reward=torch.zeros(n, a, device=self.device), terminated=false,
+                          truncated=false.clone(), active=self._t(self._active, torch.bool),
+                          trial_end=false.clone(), final_obs=o)
+
+    def step(self, actions: torch.Tensor) -> StepRecord:
+        n, a = self.num_envs, self.num_agents
+        acts = actions.detach().cpu().numpy().reshape((n, a, *self._single_act.shape))
+        obs_buf = np.zeros((n, a, *self._obs_shape), dtype=np.float32)
+        final_buf = np.zeros_like(obs_buf)
+        reward = np.zeros((n, a), dtype=np.float32)
+        term = np.zeros((n, a), dtype=bool)
+        trunc = np.zeros((n, a), dtype=bool)
+        active = np.zeros((n, a), dtype=bool)
+        ep_done = np.zeros(n, dtype=bool)
+        for i, env in enumerate(self.envs):
+            acting = list(env.agents)
+            obs, rew, te, tr, _ = env.step(self._actions_for(env, acts[i]))
+            remaining = [ag for ag in env.agents if not (te.get(ag, False) or tr.get(ag, False))]
+            # The last observation of every slot that acted (or just appeared): final_obs.
+            self._fill(i, obs, list(obs), final_buf)
+            for ag in acting:
+                s = self._slot[ag]
+                reward[i, s] = float(rew.get(ag, 0.0))
+                trunc[i, s] = bool(tr.get(ag, False))
+                # Gone without a flag: its end is still flagged (as a termination).
+                term[i, s] = bool(te.get(ag, False)) or (ag not in remaining and not trunc[i, s])
+            self._ep_return[i] += reward[i].sum()
+            self._ep_length[i] += 1
+            if remaining:
+                for ag in remaining:
+                    active[i, self._slot[ag]] = True
+                # Slots that left at this step: zero obs, last observation kept in final_obs.
+                obs_buf[i] = np.where(active[i].reshape(a, *(1,) * len(self._obs_shape)), final_buf[i], 0.0)
+                # Inactive slots that did not act keep final_obs == obs (zeros).
+                for s in range(a):
+                    if not active[i, s] and self.agent_names[s] not in acting:
+                        final_buf[i, s] = 0.0
+            else:
+                ep_done[i] = True
+                for s in range(a):
+                    if self.agent_names[s] not in acting:
+                        final_buf[i, s] = 0.0
+                obs2, _ = env.reset()
+                self._fill(i, obs2, list(env.agents), obs_buf)
+                for ag in env.agents:
+                    active[i, self._slot[ag]] = True
+        self._active = active
+        info = {
+            "episode_return": self._t(np.where(ep_done, self._ep_return, 0.0), torch.float32),
+            "episode_length": self._t(np.where(ep_done, self._ep_length, 0), torch.float32),
+        }
+        self._ep_return[ep_done] = 0
+        self._ep_length[ep_done] = 0
+        return StepRecord(
+            obs=self._t(obs_buf, self._obs_dtype),
+            reward=self._t(reward, torch.float32),
+            terminated=self._t(term, torch.bool),
+            truncated=self._t(trunc, torch.bool),
+            active=self._t(active, torch.bool),
+            trial_end=torch.zeros(n, a, dtype=torch.bool, device=self.device),
+            final_obs=self._t(final_buf, self._obs_dtype),
+            info=info,
+        )
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Empty: PettingZoo envs cannot be restored bit-identically (a resume keeps their episodes)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Nothing to restore (see `state_dict`)."""
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
+def _make_pz(rest: str, num_envs: int = 1, device: torch.device | str = "cpu", seed: int | None = 0, **options: Any) -> PettingZooVecEnv:
+    return PettingZooVecEnv(rest, num_envs=num_envs, device=device, seed=seed, **options)
+
+
+register_prefix("pz", _make_pz)
+
+__all__ = ["PettingZooVecEnv", "to_pettingzoo"]
