@@ -6,7 +6,9 @@ import pytest
 import torch
 
 import phalanx.envs as penvs
-from phalanx.envs.bucket_brigade import ARCHETYPES, BURNING, REST, RUINED, SAFE, SCENARIOS, WORK, BucketBrigadeEnv
+from phalanx.envs.bucket_brigade import (
+    ARCHETYPES, BURNING, REST, RUINED, SAFE, SCENARIOS, WORK, BucketBrigadeEnv, decode_houses, encode_houses,
+)
 from phalanx.envs.spaces import MultiDiscrete
 from phalanx.errors import ConfigError
 
@@ -40,7 +42,7 @@ def test_extinguish_probability_per_worker_and_resting_agents_do_not_fight():
     acts[..., 0] = 5  # everyone picks house 5 ...
     acts[..., 1] = (torch.arange(a) < k.unsqueeze(1)).long()  # ... but only the first k work there
     rec = env.step(acts)
-    extinguished = rec.final_obs[:, 0, 5] != 1.0  # house state / 2: ruined reads 1.0
+    extinguished = decode_houses(rec.final_obs[:, 0, 5]) != RUINED
     for workers in range(a + 1):
         rate = extinguished[k == workers].float().mean().item()
         expect = 1 - 0.5**workers
@@ -58,7 +60,7 @@ def test_spread_happens_before_burn_out_and_legacy_order_makes_it_inert():
         env.reset()
         # House 2 burns alone; houses 7 and 9 burn around a Safe house 8. Nobody works.
         env.set_houses(_houses(n, burning=[2, 7, 9]))
-        h = (env.step(_rest(n, 4)).final_obs[:, 0, :10] * 2).round().long()
+        h = decode_houses(env.step(_rest(n, 4)).final_obs[:, 0, :10])
         assert (h[:, [2, 7, 9]] == RUINED).all()  # burning at the start, not extinguished
         beta = 0.0 if legacy else s.beta
         p_one = beta + (1 - beta) * s.p_ignite
@@ -77,7 +79,7 @@ def test_spontaneous_ignition_rate():
     env = BucketBrigadeEnv(num_envs=n, seed=3, scenario="hard")  # p_ignite 0.05
     env.reset()
     env.set_houses(_houses(n, ruined=[0]))  # no fire anywhere
-    h = (env.step(_rest(n, 4)).final_obs[:, 0, :10] * 2).round().long()
+    h = decode_houses(env.step(_rest(n, 4)).final_obs[:, 0, :10])
     rate = (h[:, 1:] == BURNING).float().mean().item()
     assert _close(rate, 0.05, 9 * n), rate
     assert (h[:, 0] == RUINED).all()
@@ -172,10 +174,10 @@ def test_termination_needs_min_nights_truncation_and_auto_reset():
     assert rec.info["houses_saved"].tolist() == [0.0, 10.0, 0.0, 9.0, 10.0]
     assert rec.info["houses_ruined"].tolist() == [0.0, 0.0, 10.0, 1.0, 0.0]
     # Auto-reset: final_obs / final_state hold the ended episode; obs starts a new one with a fire.
-    torch.testing.assert_close(rec.final_obs[:, :, :10], (houses.float() / 2).unsqueeze(1).expand(n, 4, 10))
+    torch.testing.assert_close(rec.final_obs[:, :, :10], encode_houses(houses).unsqueeze(1).expand(n, 4, 10))
     assert torch.equal(rec.obs[0], rec.final_obs[0])
-    new = rec.obs[1:, 0, :10]
-    assert ((new == 0.5).any(1) & ((new == 0.0) | (new == 0.5)).all(1)).all()
+    new = decode_houses(rec.obs[1:, 0, :10])
+    assert ((new == BURNING).any(1) & ((new == SAFE) | (new == BURNING)).all(1)).all()
     assert rec.final_state[:, -1].tolist() == [pytest.approx(1 / 50), pytest.approx(12 / 50), pytest.approx(12 / 50), 1.0, 1.0]
     assert rec.state[1:, -1].eq(0).all() and env.night.tolist() == [1, 0, 0, 0, 0]
     # The reset episode's locations are the own houses, signals and last actions zero.
@@ -199,10 +201,10 @@ def test_time_limit_truncates_a_natural_episode():
         assert torch.equal(rec.info["nights"], torch.where(done, lengths, 0).float())
         truncations += int(rec.truncated.any(1).sum())
         # Saved = Safe, ruined = Ruined at the end; a house still burning counts as neither.
-        final = rec.final_obs[:, 0, :10]
-        torch.testing.assert_close(rec.info["houses_saved"], torch.where(done, (final == 0).sum(1), 0).float())
-        torch.testing.assert_close(rec.info["houses_ruined"], torch.where(done, (final == 1).sum(1), 0).float())
-        burning_at_end += int(((final == 0.5).any(1) & done).sum())
+        final = decode_houses(rec.final_obs[:, 0, :10])
+        torch.testing.assert_close(rec.info["houses_saved"], torch.where(done, (final == SAFE).sum(1), 0).float())
+        torch.testing.assert_close(rec.info["houses_ruined"], torch.where(done, (final == RUINED).sum(1), 0).float())
+        burning_at_end += int(((final == BURNING).any(1) & done).sum())
         lengths[done] = 0
     assert truncations >= 4 and burning_at_end >= 1
 
@@ -221,7 +223,7 @@ def test_observation_layout_after_a_night():
     torch.testing.assert_close(o[0, 22:], torch.tensor([s.beta, s.kappa, s.p_ignite, 1, 1, s.c, 12 / 50, 0.3, 0, 0]))
     st = rec.final_state[0]
     assert st.shape == (53,)
-    torch.testing.assert_close(st[:30].reshape(10, 3).argmax(1).float() / 2, o[0, :10])
+    torch.testing.assert_close(encode_houses(st[:30].reshape(10, 3).argmax(1)), o[0, :10])
     torch.testing.assert_close(st[30:52], o[0, 10:])
     assert st[52].item() == pytest.approx(1 / 50)
 
@@ -255,7 +257,7 @@ def test_scenarios_match_the_table_and_the_observation():
         torch.testing.assert_close(
             rec.obs[0, 0, 22:], torch.tensor([beta, kappa, p_ign, at / 100, lt / 100, c, min_n / 50, 0.3, 0, 0])
         )
-        burning = rec.obs[:, 0, :10] == 0.5
+        burning = decode_houses(rec.obs[:, 0, :10]) == BURNING
         assert burning.any(1).all()  # never an empty start
         p_start = 1 - (1 - rho) ** 10  # otherwise exactly one house
         expect = (rho * 10 + (1 - p_start) * 1) / 10
@@ -323,7 +325,7 @@ def test_hero_always_works_on_burning_houses():
     env = BucketBrigadeEnv(num_envs=n, seed=5, num_agents=4)
     rec = env.reset()
     # The policy reads the houses from the record: agent 1's house burns, agents 0, 2, 3's do not.
-    rec.obs[:, :, :10] = _houses(n, burning=[1, 6]).float().unsqueeze(1) / 2
+    rec.obs[:, :, :10] = encode_houses(_houses(n, burning=[1, 6])).unsqueeze(1)
     acts = env.scripted_actions("hero", rec, torch.Generator().manual_seed(1))
     assert (acts[..., 1] == WORK).all()
     assert ((acts[..., 0] == 1) | (acts[..., 0] == 6)).all()

@@ -50,7 +50,8 @@ flags are set when both hold (as gymnasium's TimeLimit does; the trainer lets te
 are [N, A], the same for every agent; every slot is always active; no trials.
 
 Observation per agent (float32, 20 + 4A, identical for all agents; the trainer may append an agent
-id): houses (10: state / 2, i.e. 0, 0.5, 1), last night's signals of all agents (A: 0/1), last
+id): houses (10: Safe 0.5, Burning 1, Ruined 0, so "burning" is the largest value and a linear
+score can single it out; see `encode_houses`), last night's signals of all agents (A: 0/1), last
 night's locations of all agents (A: house / 9), last actions of all agents (2A: house / 9, mode),
 scenario info (10: beta, kappa, p_ignite, A_team / 100, L_team / 100, c, min_nights / 50, A / 10, 0,
 0). At reset signals and last actions are 0 and locations are the own houses.
@@ -133,6 +134,19 @@ ARCHETYPES: dict[str, tuple[float, ...]] = {
 def archetype(name: str) -> dict[str, float]:
     """The named parameters of an archetype."""
     return dict(zip(ARCHETYPE_PARAMS, ARCHETYPES[name]))
+
+
+_HOUSE_CODE = (0.5, 1.0, 0.0)  # Safe, Burning, Ruined
+
+
+def encode_houses(houses: torch.Tensor) -> torch.Tensor:
+    """House states -> observation values (Safe 0.5, Burning 1, Ruined 0)."""
+    return torch.tensor(_HOUSE_CODE, device=houses.device)[houses]
+
+
+def decode_houses(values: torch.Tensor) -> torch.Tensor:
+    """Observation values -> house states (the inverse of `encode_houses`)."""
+    return torch.where(values > 0.75, BURNING, torch.where(values < 0.25, RUINED, SAFE)).long()
 
 
 def baseline_actions(
@@ -274,7 +288,7 @@ class BucketBrigadeEnv(VecEnv):
         n, a = houses.shape[0], self.num_agents
         flat = torch.cat(
             (
-                houses.float() * 0.5,
+                encode_houses(houses),
                 signals.float(),
                 locations.float() / (NUM_HOUSES - 1),
                 (last_actions.float() * self._last_scale).reshape(n, 2 * a),
@@ -399,7 +413,7 @@ class BucketBrigadeEnv(VecEnv):
         if name not in ARCHETYPES:
             raise KeyError(f"env '{self.name}' has no scripted policy '{name}'; known: {', '.join(self.scripted_names)}")
         p = archetype(name)
-        houses = (record.obs[:, 0, :NUM_HOUSES] * 2).round().long()
+        houses = decode_houses(record.obs[:, 0, :NUM_HOUSES])
         return baseline_actions(houses, self.own, p["work_tendency"] * (1 - p["rest_bias"]), p["own_priority"], generator)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
