@@ -731,3 +731,24 @@ def test_reward_scaler_clips():
     # returns {1, 1e6 - 0.99}: std ~ 5e5, so -1e6 scales to about -2 and a clip of 1.5 applies
     out = scaler(torch.tensor([1e6]), torch.tensor([False]), torch.tensor([True]), clip=1.5)
     assert out.item() == 1.5
+
+
+def test_gated_sub_action_carries_no_log_prob_or_gradient_when_off():
+    space = MultiDiscrete((4, 2), gates=((0, 1, 1),))
+    head = ActionHead(space)
+    out = torch.randn(5, 6, requires_grad=True)
+    off = torch.tensor([[2, 0]] * 5)  # head 1 == 0: head 0 is ignored by the env
+    on = torch.tensor([[2, 1]] * 5)
+    lp_off = head.log_prob(out, off)
+    expect_off = torch.log_softmax(out[:, 4:], -1)[:, 0]
+    assert torch.allclose(lp_off, expect_off)
+    lp_off.sum().backward()
+    assert out.grad[:, :4].abs().sum() == 0  # no gradient into the ignored target head
+    lp_on = head.log_prob(out.detach(), on)
+    expect_on = torch.log_softmax(out.detach()[:, :4], -1)[:, 2] + torch.log_softmax(out.detach()[:, 4:], -1)[:, 1]
+    assert torch.allclose(lp_on, expect_on)
+    p_on = torch.softmax(out.detach()[:, 4:], -1)[:, 1]
+    ent = head.entropy(out.detach())
+    h0 = torch.distributions.Categorical(logits=out.detach()[:, :4]).entropy()
+    h1 = torch.distributions.Categorical(logits=out.detach()[:, 4:]).entropy()
+    assert torch.allclose(ent, h1 + p_on * h0, atol=1e-6)

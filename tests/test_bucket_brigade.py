@@ -268,7 +268,7 @@ def test_scenarios_match_the_table_and_the_observation():
 def test_team_sizes(a):
     env = penvs.make("bucket_brigade", num_envs=16, seed=0, num_agents=a)
     assert env.observation_space.shape == (20 + 4 * a,) and env.state_space.shape == (41 + 4 * a,)
-    assert env.action_space == MultiDiscrete((10, 2))
+    assert env.action_space == MultiDiscrete((10, 2), gates=((0, 1, WORK),))
     assert env.roles.tolist() == [0] * a and env.role_names == ("agent",)
     rec = env.reset()
     g = torch.Generator().manual_seed(0)

@@ -66,6 +66,9 @@ class Config:
     )
     critic: str = _f("ippo", "ippo: critic reads the agent's observation; mappo: the env's global state plus the agent id",
                      choices=("ippo", "mappo"))
+    team_reward: float = _f(
+        0.0, "mix each agent's learning reward with the team's mean reward: (1-w)*own + w*team (1: fully cooperative)", min=0.0
+    )
     teammates: str = _f(
         "", "comma list of policies for the last agent slots (scripted names from `phalanx envs`, or run:RUN_DIR for a "
         "frozen trained policy); the other slots learn"

@@ -235,6 +235,10 @@ class Trainer:
             self.ep_return.masked_fill_(done, 0.0)
             self.ep_length.masked_fill_(done, 0.0)
             self.team_return.masked_fill_(env_done, 0.0)
+            if self.cfg.team_reward > 0:
+                w = self.cfg.team_reward
+                team = (reward * prev_active).sum(-1, keepdim=True) / prev_active.sum(-1, keepdim=True).clamp_min(1)
+                reward = (1 - w) * reward + w * team
             if self.norms.reward is not None:
                 reward = self.norms.reward(reward, done, acting)
             b["rewards"][t] = reward

@@ -176,7 +176,8 @@ class BucketBrigadeEnv(VecEnv):
     """Batched bucket brigade (N envs, A agents); the rules and the choices are in the module docstring."""
 
     name = "bucket_brigade"
-    action_space = MultiDiscrete((NUM_HOUSES, 2))
+    # The house only matters when working: a resting agent stays at home.
+    action_space = MultiDiscrete((NUM_HOUSES, 2), gates=((0, 1, WORK),))
     role_names = ("agent",)
     scripted_names = ("firefighter", "free_rider", "hero", "coordinator", "liar", "random")
 

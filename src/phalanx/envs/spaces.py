@@ -21,14 +21,21 @@ class Discrete:
 
 @dataclass(frozen=True)
 class MultiDiscrete:
+    """Several categorical sub-actions. `gates` declares sub-actions the env ignores unless another
+    one takes a value: (head, on_head, value) means head `head` matters only where
+    action[on_head] == value (e.g. a target that only counts when working). Policies leave gated-off
+    sub-actions out of log-probabilities and entropy, so they carry no gradient noise."""
+
     nvec: tuple[int, ...]
+    gates: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def shape(self) -> tuple[int, ...]:
         return (len(self.nvec),)
 
     def describe(self) -> str:
-        return f"MultiDiscrete({list(self.nvec)})"
+        gated = "".join(f", head {h} only when head {j} == {v}" for h, j, v in self.gates)
+        return f"MultiDiscrete({list(self.nvec)}{gated})"
 
 
 @dataclass(frozen=True)

@@ -114,13 +114,24 @@ class ActionHead(nn.Module):
         if self.kind == "gaussian":
             return D.gaussian_log_prob(out, self.log_std, actions)
         lp = D.categorical_log_prob(self._logits(out), actions)
-        return lp.sum(-1) if self.kind == "multi" else lp
+        if self.kind != "multi":
+            return lp
+        for h, j, v in self.space.gates:
+            lp = torch.cat([lp[..., :h], lp[..., h:h + 1] * (actions[..., j:j + 1] == v), lp[..., h + 1:]], -1)
+        return lp.sum(-1)
 
     def entropy(self, out: torch.Tensor) -> torch.Tensor:
         if self.kind == "gaussian":
             return D.gaussian_entropy(out, self.log_std)
-        ent = D.categorical_entropy(self._logits(out))
-        return ent.sum(-1) if self.kind == "multi" else ent
+        logits = self._logits(out)
+        ent = D.categorical_entropy(logits)
+        if self.kind != "multi":
+            return ent
+        # A gated sub-action contributes its entropy weighted by the chance that it matters.
+        for h, j, v in self.space.gates:
+            p_on = torch.softmax(logits[..., j, :], -1)[..., v:v + 1]
+            ent = torch.cat([ent[..., :h], ent[..., h:h + 1] * p_on, ent[..., h + 1:]], -1)
+        return ent.sum(-1)
 
     def to_env(self, actions: torch.Tensor) -> torch.Tensor:
         """The action the env receives: Gaussian samples are clipped to the bounds."""
