@@ -366,3 +366,16 @@ def test_registered_with_options():
     assert set(spec.options) == {"scenario", "num_agents", "outcome_reward", "legacy_phase_order", "max_nights"}
     assert set(spec.options["scenario"].choices) == set(SCENARIOS)
     assert BucketBrigadeEnv.scripted_names == ("firefighter", "free_rider", "hero", "coordinator", "liar", "random")
+
+
+@pytest.mark.slow
+def test_a_learned_team_beats_random_play(tmp_path):
+    import phalanx
+    from phalanx.evaluate import evaluate_policy
+
+    result = phalanx.train(env="bucket_brigade", total_steps=400_000, seed=1, run_dir=tmp_path / "r", progress=False, tensorboard=False)
+    learned = evaluate_policy(result.policy, "bucket_brigade", {"scenario": "default"}, episodes=200, seed=3)
+    random = evaluate_policy(None, "bucket_brigade", {"scenario": "default"}, episodes=200, seed=3)
+    # Random play loses most houses (team return about -25, about 2 saved of 10).
+    assert learned["mean_return"] > random["mean_return"] + 200, (learned, random)
+    assert learned["mean_houses_saved"] > random["mean_houses_saved"] + 1.5

@@ -2,6 +2,8 @@
 
     phalanx bench cartpole [--num-envs 8,64,512,4096] [--steps 32] [--seconds 2.5] [--threads N]
                            [--sb3] [--wait-idle S] [--json FILE]
+    phalanx bench bucket_brigade [--num-envs 64,256,1024,4096] [--steps 32] [--seconds 2.5]
+                                 [--scenario NAME] [--threads N] [--wait-idle S] [--json FILE]
 
 For each number of envs it measures, in steps per second (env steps summed over envs; the fastest
 0.25 s window after one warm-up iteration, so a brief disturbance by another process does not count):
@@ -16,6 +18,11 @@ For each number of envs it measures, in steps per second (env steps summed over 
 
 `--sb3` adds Stable-Baselines3 PPO with its defaults on gymnasium CartPole-v1 (8 envs, DummyVecEnv,
 CPU) and compares the largest phalanx configuration to it.
+
+`bucket_brigade` measures the same env / rollout / train columns (and `others`) on the 4-agent
+cooperative env with the trainer config used to train it (MAPPO critic, shared parameters with an
+agent id, reward normalisation, fully shared team reward), in *agent* steps per second: env steps x
+num_agents. It has no reference columns.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +46,7 @@ from torch import nn
 from phalanx.errors import PhalanxError
 
 PPO_SETTINGS = {"num_epochs": 4, "num_minibatches": 8, "hidden_sizes": [64, 64]}
+DEFAULT_NUM_ENVS = {"cartpole": [8, 64, 512, 4096], "bucket_brigade": [64, 256, 1024, 4096]}
 SB3_ROLLOUT = 2048 * 8  # SB3 defaults: n_steps 2048 per env, 8 envs
 
 
@@ -77,20 +86,24 @@ def _positive(kind: type) -> Callable[[str], Any]:
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="phalanx bench",
-        description="Throughput benchmarks. Targets: cartpole (env, rollout and PPO training steps/s vs. references).",
+        description="Throughput benchmarks. Targets: cartpole (env, rollout and PPO training steps/s vs. references); "
+                    "bucket_brigade (env, rollout and MAPPO training agent-steps/s of the 4-agent env, no references).",
     )
-    p.add_argument("target", nargs="?", choices=["cartpole"], help="what to benchmark")
-    p.add_argument("--num-envs", type=_int_list, default=[8, 64, 512, 4096], metavar="N[,N...]",
-                   help="numbers of parallel envs to measure [8,64,512,4096]")
+    p.add_argument("target", nargs="?", choices=list(DEFAULT_NUM_ENVS), help="what to benchmark")
+    p.add_argument("--num-envs", type=_int_list, default=None, metavar="N[,N...]",
+                   help="numbers of parallel envs to measure [cartpole: 8,64,512,4096; bucket_brigade: 64,256,1024,4096]")
     p.add_argument("--steps", type=_positive(int), default=32, help="rollout length per env (num_steps) [32]")
     p.add_argument("--seconds", type=_positive(float), default=2.5,
                    help="time budget of each measurement, after one warm-up iteration [2.5]")
     p.add_argument("--threads", type=_positive(int), default=None, help="torch CPU threads [torch's default]")
     p.add_argument("--device", default="cpu", help="torch device for phalanx and the reference [cpu]")
-    p.add_argument("--no-ref", dest="ref", action="store_false", help="skip the minimal pure-torch PPO reference")
-    p.add_argument("--sb3", action="store_true", help="also measure Stable-Baselines3 PPO (defaults, 8 envs, CPU)")
+    p.add_argument("--no-ref", dest="ref", action="store_false",
+                   help="cartpole: skip the minimal pure-torch PPO reference (bucket_brigade has none)")
+    p.add_argument("--sb3", action="store_true", help="cartpole: also measure Stable-Baselines3 PPO (defaults, 8 envs, CPU)")
     p.add_argument("--sb3-rollouts", type=_positive(int), default=2,
-                   help="SB3 rollout+update cycles of 16384 steps to time [2]")
+                   help="cartpole: SB3 rollout+update cycles of 16384 steps to time [2]")
+    p.add_argument("--scenario", default=None, metavar="NAME",
+                   help="bucket_brigade: scenario (see `phalanx envs`) [default]")
     p.add_argument("--wait-idle", type=float, default=0.0, metavar="S",
                    help="before each measurement wait up to S seconds for other processes to go quiet [0]")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
@@ -195,11 +208,14 @@ def measure(
 
 
 # -- phalanx measurements --------------------------------------------------------------------------
-def bench_env(num_envs: int, seconds: float, device: torch.device) -> dict[str, float]:
+def bench_env(
+    num_envs: int, seconds: float, device: torch.device, env_name: str = "cartpole", options: dict[str, Any] | None = None
+) -> dict[str, float]:
+    """Uniform random actions stepping the env alone; rates count agent steps (num_envs x num_agents per call)."""
     from phalanx.envs import make
     from phalanx.evaluate import random_actions
 
-    env = make("cartpole", num_envs=num_envs, device=device, seed=0)
+    env = make(env_name, num_envs=num_envs, device=device, seed=0, **(options or {}))
     gen = torch.Generator(device=device)
     gen.manual_seed(0)
     env.reset(seed=0)
@@ -219,17 +235,34 @@ def phalanx_config(num_envs: int, num_steps: int, run_dir: str, threads: int | N
     })
 
 
-def bench_trainer(num_envs: int, num_steps: int, seconds: float, threads: int | None, device: str) -> tuple[dict, dict]:
-    """(rollout, train) measurements of one Trainer."""
+def bucket_brigade_config(num_envs: int, num_steps: int, run_dir: str, threads: int | None, device: str,
+                          scenario: str = "default"):
+    """The trainer config used for bucket_brigade training (the env's train_defaults fill in the rest)."""
+    from phalanx.config import resolve
+
+    return resolve({
+        "env": "bucket_brigade", "env_options": {"scenario": scenario}, "num_envs": num_envs, "num_steps": num_steps,
+        "critic": "mappo", "param_sharing": "shared_id", "norm_reward": True, "team_reward": 1.0,
+        "tensorboard": False, "progress": False, "run_dir": run_dir, "total_steps": 10**12,
+        "torch_threads": threads or 0, "device": device, "seed": 1,
+    })
+
+
+def bench_trainer(
+    num_envs: int, num_steps: int, seconds: float, threads: int | None, device: str, config: Callable[..., Any] = phalanx_config
+) -> tuple[dict, dict]:
+    """(rollout, train) measurements of one Trainer built from `config(num_envs, num_steps, run_dir, threads, device)`.
+    Rates count agent steps: num_envs x num_steps x num_agents per iteration."""
     from phalanx.train import Trainer
 
     with tempfile.TemporaryDirectory(prefix="phalanx-bench-") as tmp:
-        cfg = phalanx_config(num_envs, num_steps, tmp, threads, device)
+        cfg = config(num_envs, num_steps, tmp, threads, device)
         trainer = Trainer(cfg)
         try:
             dev = trainer.device
             batch = cfg.batch_size
-            rollout = measure(trainer.collect, batch, seconds, dev)
+            agent_steps = batch * trainer.A
+            rollout = measure(trainer.collect, agent_steps, seconds, dev)
 
             def iteration() -> None:
                 stats = trainer.collect()
@@ -239,7 +272,7 @@ def bench_trainer(num_envs: int, num_steps: int, seconds: float, threads: int | 
                 # The trainer's one host read per update.
                 torch.stack([metrics["loss"].float(), stats["episodes"].float()]).tolist()
 
-            train = measure(iteration, batch, seconds, dev)
+            train = measure(iteration, agent_steps, seconds, dev)
         finally:
             trainer.close()
     return rollout, train
@@ -408,8 +441,40 @@ COLUMNS = [("num_envs", 8), ("env", 9), ("rollout", 9), ("train", 9), ("ref trai
 BUSY_WARN = 0.10
 
 
-def _line(values: list[str]) -> str:
-    return "  ".join(v.rjust(w) for v, (_, w) in zip(values, COLUMNS))
+def _line(values: list[str], columns: list[tuple[str, int]] = COLUMNS) -> str:
+    return "  ".join(v.rjust(w) for v, (_, w) in zip(values, columns))
+
+
+def _print_header(columns: list[tuple[str, int]]) -> None:
+    header = _line([name for name, _ in columns], columns)
+    print(header)
+    print("-" * len(header), flush=True)
+
+
+def _machine(device: torch.device) -> dict[str, Any]:
+    return {
+        "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+        "device": str(device), "python": platform.python_version(),
+        "loadavg_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None,
+    }
+
+
+def _others(*ms: dict | None) -> float | None:
+    """The worst `others_busy` of a row's measurements (None where /proc/stat is missing)."""
+    busy = [m["others_busy"] for m in ms if m and m["others_busy"] is not None]
+    return max(busy) if busy else None
+
+
+def _fmt_busy(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
+
+
+def _warn_busy(rows: list[dict[str, Any]]) -> None:
+    worst = max((r["others_busy"] or 0.0 for r in rows), default=0.0)
+    if worst > BUSY_WARN:
+        print(f"warning: other processes used up to {worst:.0%} of the CPUs during these measurements; "
+              "the numbers are not reliable (torch's threads stall when one is descheduled); rerun on an idle machine")
 
 
 def run_cartpole(args: argparse.Namespace) -> dict[str, Any]:
@@ -418,12 +483,7 @@ def run_cartpole(args: argparse.Namespace) -> dict[str, Any]:
     device = runs.resolve_device(args.device)
     out: dict[str, Any] = {
         "target": "cartpole",
-        "machine": {
-            "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-            "device": str(device), "python": platform.python_version(),
-            "loadavg_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None,
-        },
+        "machine": _machine(device),
         "settings": {"num_steps": args.steps, **PPO_SETTINGS, "activation": "tanh", "seconds": args.seconds},
         "rows": [],
     }
@@ -433,24 +493,18 @@ def run_cartpole(args: argparse.Namespace) -> dict[str, Any]:
     print("steps/s (env steps summed over envs, fastest 0.25 s window); train/ref = phalanx train / minimal pure-torch PPO;\n"
           "others = share of the CPUs other processes used meanwhile (should be ~0%)")
     print()
-    header = _line([name for name, _ in COLUMNS])
-    print(header)
-    print("-" * len(header), flush=True)
+    _print_header(COLUMNS)
     for n in args.num_envs:
         env = bench_env(n, args.seconds, device)
         rollout, train = bench_trainer(n, args.steps, args.seconds, args.threads, str(device))
         ref = bench_reference(n, args.steps, args.seconds, device) if args.ref else None
         ratio = train["sps"] / ref["sps"] if ref else None
-        busy = [m["others_busy"] for m in (env, rollout, train, ref) if m and m["others_busy"] is not None]
         row = {"num_envs": n, "env": env, "rollout": rollout, "train": train, "ref_train": ref, "train_over_ref": ratio,
-               "others_busy": max(busy) if busy else None}
+               "others_busy": _others(env, rollout, train, ref)}
         out["rows"].append(row)
         print(_line([str(n), _fmt(env["sps"]), _fmt(rollout["sps"]), _fmt(train["sps"]), _fmt(ref["sps"] if ref else None),
-                     f"{ratio:.2f}x" if ratio else "-", f"{row['others_busy']:.0%}" if busy else "-"]), flush=True)
-    worst = max((r["others_busy"] or 0.0 for r in out["rows"]), default=0.0)
-    if worst > BUSY_WARN:
-        print(f"warning: other processes used up to {worst:.0%} of the CPUs during these measurements; "
-              "the numbers are not reliable (torch's threads stall when one is descheduled); rerun on an idle machine")
+                     f"{ratio:.2f}x" if ratio else "-", _fmt_busy(row["others_busy"])]), flush=True)
+    _warn_busy(out["rows"])
     if args.sb3:
         print()
         try:
@@ -476,15 +530,77 @@ def run_cartpole(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+BB_COLUMNS = [("num_envs", 8), ("env", 9), ("rollout", 9), ("train", 9), ("others", 6)]
+
+
+def run_bucket_brigade(args: argparse.Namespace) -> dict[str, Any]:
+    from phalanx import runs
+    from phalanx.envs import registry
+
+    device = runs.resolve_device(args.device)
+    config = partial(bucket_brigade_config, scenario=args.scenario)
+    cfg = config(args.num_envs[0], args.steps, "", args.threads, str(device)).to_dict()
+    settings = {k: v for k, v in cfg.items() if k not in ("num_envs", "run_dir", "total_steps", "tensorboard", "progress")}
+    num_agents = cfg["env_options"].get("num_agents", registry.spec("bucket_brigade").options["num_agents"].default)
+    out: dict[str, Any] = {
+        "target": "bucket_brigade",
+        "machine": _machine(device),
+        "settings": {**settings, "num_agents": num_agents, "seconds": args.seconds},
+        "rows": [],
+    }
+    hidden = "x".join(str(h) for h in cfg["hidden_sizes"])
+    print(f"phalanx bench bucket_brigade (scenario {args.scenario}, {num_agents} agents): {args.steps} steps x N envs per update, "
+          f"{cfg['num_epochs']} epochs, {cfg['num_minibatches']} minibatches, {hidden} {cfg['activation']} MLP, "
+          f"critic {cfg['critic']}, param_sharing {cfg['param_sharing']}, team_reward {cfg['team_reward']:g}; "
+          f"device {device}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print("agent-steps/s (env steps x num_agents, summed over envs, fastest 0.25 s window);\n"
+          "others = share of the CPUs other processes used meanwhile (should be ~0%)")
+    print()
+    _print_header(BB_COLUMNS)
+    for n in args.num_envs:
+        env = bench_env(n, args.seconds, device, "bucket_brigade", {"scenario": args.scenario})
+        rollout, train = bench_trainer(n, args.steps, args.seconds, args.threads, str(device), config)
+        row = {"num_envs": n, "env": env, "rollout": rollout, "train": train, "others_busy": _others(env, rollout, train)}
+        out["rows"].append(row)
+        print(_line([str(n), _fmt(env["sps"]), _fmt(rollout["sps"]), _fmt(train["sps"]), _fmt_busy(row["others_busy"])],
+                    BB_COLUMNS), flush=True)
+    _warn_busy(out["rows"])
+    return out
+
+
+def _check_bucket_brigade(args: argparse.Namespace) -> None:
+    """Reject bad arguments before any measurement starts."""
+    from phalanx.envs.bucket_brigade import SCENARIOS
+
+    if args.sb3:
+        raise BenchError("bench: --sb3 applies to the cartpole target only")
+    if args.scenario is None:
+        args.scenario = "default"
+    if args.scenario not in SCENARIOS:
+        raise BenchError(f"bench: unknown bucket_brigade scenario '{args.scenario}'; allowed: {', '.join(SCENARIOS)}")
+    for n in args.num_envs:  # the config checks (num_minibatches <= num_envs x steps, ...)
+        try:
+            bucket_brigade_config(n, args.steps, "", args.threads, args.device, args.scenario)
+        except PhalanxError as e:
+            raise BenchError(f"bench: {e}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.target is None:
-        raise BenchError("bench: needs a target: cartpole (see `phalanx bench --help`)")
-    mbs = PPO_SETTINGS["num_minibatches"]
-    if min(args.num_envs) * args.steps < mbs:
-        raise BenchError(
-            f"bench: num_envs x steps must be at least {mbs} (the minibatch count); got {min(args.num_envs)} x {args.steps}"
-        )
+        raise BenchError(f"bench: needs a target: {' or '.join(DEFAULT_NUM_ENVS)} (see `phalanx bench --help`)")
+    if args.num_envs is None:
+        args.num_envs = list(DEFAULT_NUM_ENVS[args.target])
+    if args.target == "bucket_brigade":
+        _check_bucket_brigade(args)
+    else:
+        if args.scenario is not None:
+            raise BenchError("bench: --scenario applies to the bucket_brigade target only")
+        mbs = PPO_SETTINGS["num_minibatches"]
+        if min(args.num_envs) * args.steps < mbs:
+            raise BenchError(
+                f"bench: num_envs x steps must be at least {mbs} (the minibatch count); got {min(args.num_envs)} x {args.steps}"
+            )
     if args.threads:
         torch.set_num_threads(args.threads)
     if not (args.wait_idle >= 0 and math.isfinite(args.wait_idle)):
@@ -496,7 +612,7 @@ def main(argv: list[str] | None = None) -> int:
         if not parent.is_dir():
             raise BenchError(f"bench: --json directory '{parent}' does not exist")
     t0 = time.perf_counter()
-    result = run_cartpole(args)
+    result = run_bucket_brigade(args) if args.target == "bucket_brigade" else run_cartpole(args)
     result["wall_seconds"] = time.perf_counter() - t0
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")

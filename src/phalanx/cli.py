@@ -117,7 +117,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(table))
         return 0
-    extra = sorted({k for r in table.values() for k in r if k.startswith("mean_") and k not in ("mean_return", "mean_agent_return", "mean_length")})
+    # The env's own copies of return and length would repeat columns.
+    skip = ("mean_return", "mean_agent_return", "mean_length", "mean_team_return", "mean_nights")
+    extra = sorted({k for r in table.values() for k in r if k.startswith("mean_") and k not in skip})
     cols = ["mean_return", "mean_agent_return", *extra, "mean_length"]
     heads = ["team return" if policy.model.num_agents > 1 else "return", "per agent", *[k[5:] for k in extra], "length"]
     print(f"{cfg.env} {cfg.env_options or ''} ({args.episodes} episodes each; learned = {'sampled' if args.sample else 'greedy'})")

@@ -450,6 +450,12 @@ register(
             "legacy_phase_order": EnvOption(False, "burn-out before spread (the original project's bug: spread is inert)", (False, True)),
             "max_nights": EnvOption(50, "time limit in nights (episode is truncated)"),
         },
-        train_defaults={},
+        train_defaults={
+            # Cooperative MAPPO: a centralised critic on the global state, one shared policy that knows its
+            # slot, and every agent learning from the team's mean reward (with individual rewards the
+            # agents settle into free-riding: the work cost is private, the saved houses are shared).
+            "total_steps": 6_000_000, "num_envs": 256, "num_steps": 32, "lr": 1e-3, "gamma": 0.8, "gae_lambda": 0.9,
+            "critic": "mappo", "param_sharing": "shared_id", "norm_reward": True, "team_reward": 1.0,
+        },
     )
 )
