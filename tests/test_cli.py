@@ -117,3 +117,24 @@ def test_bench_prints_a_table(capsys):
     row = [line for line in out.splitlines() if line.strip().startswith("8 ")]
     assert row, out
     assert main(["bench", "cartpole", "--num-envs", "0"]) == 2
+
+
+def test_eval_vs_table_for_a_team(tmp_path, capsys):
+    run = tmp_path / "bb"
+    assert main(["train", "--env", "bucket_brigade", "--scenario", "greedy_neighbor", "--total-steps", "256", "--num-envs", "8",
+                 "--num-steps", "16", "--teammates", "hero,free_rider", "--progress", "false", "--tensorboard", "false",
+                 "--run-dir", str(run)]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(run), "--episodes", "6", "--vs", "hero,random", "--json"]) == 0
+    table = json.loads(capsys.readouterr().out)
+    assert set(table) == {"learned", "hero", "random"}
+    for row in table.values():
+        assert row["episodes"] == 6
+        assert {"mean_return", "mean_agent_return", "mean_houses_saved"} <= set(row)
+        assert row["mean_agent_return"] == pytest.approx(row["mean_return"] / 4)
+    assert table["hero"]["mean_houses_saved"] > table["random"]["mean_houses_saved"]
+    assert main(["eval", str(run), "--episodes", "4", "--vs", "hero"]) == 0
+    out = capsys.readouterr().out
+    assert "houses_saved" in out and out.count("\n") >= 4
+    assert main(["eval", str(run), "--episodes", "4", "--vs", "nosuch"]) == 2
+    assert "unknown opponent/team 'nosuch'" in capsys.readouterr().err

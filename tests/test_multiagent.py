@@ -189,3 +189,16 @@ def test_multiagent_run_logs_team_metrics(tmp_path):
     assert m["episode_length"] == pytest.approx((10 + 10 + 5) / 3, rel=0.2)
     pol = phalanx.load(res.run_dir)
     assert pol.act(torch.randn(7, 3, 4)).shape == (7, 3)
+
+
+def test_frozen_checkpoint_teammate_plays_but_does_not_learn(tmp_path):
+    first = phalanx.train(**{**BASE, "total_steps": 4 * 12 * 2}, run_dir=tmp_path / "first")
+    tr = make_trainer(tmp_path / "second", teammates=f"run:{first.run_dir}")
+    frozen = tr.teammates.groups[0][2]
+    before = {k: v.clone() for k, v in frozen.model.state_dict().items()}
+    tr.collect()
+    tr.update()
+    assert not tr.buf["active"][..., 2].any() and tr.buf["active"][..., :2].any()
+    for k, v in frozen.model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    tr.close()
