@@ -1,0 +1,339 @@
+"""Memory actor-critics: an LSTM and a causal pre-LayerNorm transformer with a KV cache.
+
+Both use the same action heads as `MLPActorCritic` and read observations whose last batch axis is
+the agent axis A (A = 1 for single-agent envs). The agent axis is folded into the batch: memory is
+kept per (env, agent) slot, flattened row-major, so slot index = env * A + agent.
+
+Two forwards, equal to 1e-5 in float32 (DESIGN.md section 4):
+
+Step forward (rollouts; call under `torch.no_grad()`, it updates `state` in place)::
+
+    state = model.initial_state(batch_size=N * A, device=dev)
+    action, logprob, value, state = model.act_step(obs, state, reset, active, generator, greedy)
+        obs [*B, A, D]; reset, active [*B, A] bool (None: no reset / all active)
+        action [*B, A, *act], logprob [*B, A], value [*B, A] (None without a memory critic)
+    out, value = model.step(obs, state, reset, active)     # raw head parameters [*B, A, out_dim]
+    value = model.value_step(obs, state)                   # peek (e.g. V(final_obs)): writes nothing
+
+`reset` marks slots whose episode starts at this step: their memory is cleared *before* the step.
+An inactive step (`active` False) still gets an output, computed from the memory, but writes nothing
+to it (the state is left exactly as it was, apart from the reset).
+
+Sequence forward (training over segments; pure, leaves `start_state` untouched)::
+
+    logprob, entropy, value = model.evaluate_seq(obs, actions, start_state, resets, active)
+        obs [*B, A, T, D]; actions [*B, A, T, *act]; resets, active [*B, A, T] bool
+        -> [*B, A, T] each (value None without a memory critic)
+    out, value = model.seq(obs, start_state, resets, active)
+
+`start_state` is the state as it was before the segment's first step (`state.clone()` taken during
+the rollout; `State.select(rows)` / `State.cat(states)` assemble minibatches along the slot axis).
+`resets[..., t]` marks episode starts inside the segment, exactly as passed to the step forward.
+A rollout buffer laid out [T, N, A, ...] becomes segments with `x.permute(1, 2, 0, ...)` (or
+reshaped into several segments per slot, each with the state stored at its start).
+
+States (dataclasses, batch axis = flattened slots):
+
+- `LSTMState(h [B, H], c [B, H])`.
+- `KVCache(k, v [layers, B, horizon, width], pos [B] long, valid [B, horizon] bool)`: a ring buffer
+  (the token at episode position p lives in slot p % horizon); `pos` counts this episode's active
+  steps so far (the position of the next token); `valid` marks slots written in this episode.
+
+Semantics shared by both models: a position is the number of *active* steps earlier in the same
+episode (inactive steps write nothing, so they do not advance it). A transformer token attends to
+itself and to the last `horizon` active tokens of its own episode (so `horizon` past tokens).
+The KV cache holds keys/values computed with the parameters of the rollout, like the stored LSTM
+state; no gradient flows into the stored memory.
+
+Critic: with `memory_critic` (the default unless `state_dim` is given) a value head reads the memory
+features, and `act_step` / `evaluate_seq` return values. Otherwise the critic is a memoryless MLP
+(`critic_hidden`) used through `value(critic_in)` exactly as in `MLPActorCritic`: observations
+[..., A, D] (IPPO) or, with `state_dim`, the global state [..., S] plus a one-hot agent id (MAPPO).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from phalanx.envs.spaces import Space
+from phalanx.models.mlp import ACTIVATIONS, ActionHead, layer_init, mlp
+
+
+class _State:
+    """Batch helpers shared by the state dataclasses; `_batch_dims` names each field's slot axis."""
+
+    _batch_dims: dict[str, int] = {}
+
+    def _map(self, fn):
+        return type(self)(**{f: fn(getattr(self, f), d) for f, d in self._batch_dims.items()})
+
+    def clone(self):
+        return self._map(lambda t, d: t.clone())
+
+    def select(self, rows: torch.Tensor):
+        """The states of some slots (a long index or a bool mask over the batch axis)."""
+        return self._map(lambda t, d: t[(slice(None),) * d + (rows,)])
+
+    @classmethod
+    def cat(cls, states):
+        return cls(**{f: torch.cat([getattr(s, f) for s in states], d) for f, d in cls._batch_dims.items()})
+
+    @property
+    def batch_size(self) -> int:
+        f, d = next(iter(self._batch_dims.items()))
+        return getattr(self, f).shape[d]
+
+
+@dataclasses.dataclass
+class LSTMState(_State):
+    h: torch.Tensor  # [B, H]
+    c: torch.Tensor  # [B, H]
+    _batch_dims = {"h": 0, "c": 0}
+
+
+@dataclasses.dataclass
+class KVCache(_State):
+    k: torch.Tensor  # [layers, B, horizon, width]
+    v: torch.Tensor  # [layers, B, horizon, width]
+    pos: torch.Tensor  # [B] long: active steps so far in the episode
+    valid: torch.Tensor  # [B, horizon] bool
+    _batch_dims = {"k": 1, "v": 1, "pos": 0, "valid": 0}
+
+
+class _MemoryActorCritic(nn.Module):
+    """Inputs, heads, critic and the public forwards; subclasses provide the memory core:
+    `_step(x [B, in], state, reset [B], active [B]) -> features [B, F]` (updating state in place) and
+    `_seq(x [B, T, in], state, resets [B, T], active [B, T]) -> features [B, T, F]`."""
+
+    recurrent = True
+
+    def __init__(self, obs_dim, action_space, features, activation, num_agents, agent_id, state_dim,
+                 init_log_std, memory_critic, critic_hidden):
+        super().__init__()
+        self.num_agents, self.agent_id, self.centralized = num_agents, agent_id, state_dim is not None
+        if memory_critic and self.centralized:
+            raise ValueError("a centralized critic (state_dim) is a memoryless MLP: memory_critic must be False")
+        self.memory_critic = not self.centralized if memory_critic is None else bool(memory_critic)
+        self.register_buffer("agent_eye", torch.eye(num_agents))
+        self.head = ActionHead(action_space, init_log_std)
+        self.in_dim = obs_dim + (num_agents if agent_id else 0)
+        self.actor_out = layer_init(nn.Linear(features, self.head.out_dim), gain=0.01)
+        if self.memory_critic:
+            self.value_out = layer_init(nn.Linear(features, 1), gain=1.0)
+        else:
+            critic_in = state_dim + num_agents if self.centralized else self.in_dim
+            self.critic = mlp(critic_in, tuple(critic_hidden), 1, activation, out_gain=1.0)
+
+    # -- inputs ------------------------------------------------------------------------------------
+    def _with_id(self, x: torch.Tensor, agent_axis: int) -> torch.Tensor:
+        eye = self.agent_eye if agent_axis == -2 else self.agent_eye[:, None]
+        return torch.cat([x, eye.expand(*x.shape[:-1], self.num_agents)], -1)
+
+    def _flat(self, x: torch.Tensor, agent_axis: int) -> torch.Tensor:
+        if self.agent_id:
+            x = self._with_id(x, agent_axis)
+        return x.reshape(-1, *x.shape[agent_axis + 1:-1], self.in_dim)
+
+    def _heads(self, feat: torch.Tensor, batch: torch.Size):
+        out = self.actor_out(feat).reshape(*batch, -1)
+        value = self.value_out(feat).reshape(batch) if self.memory_critic else None
+        return out, value
+
+    # -- step forward ------------------------------------------------------------------------------
+    def step(self, obs: torch.Tensor, state, reset: torch.Tensor | None = None, active: torch.Tensor | None = None):
+        """One step for every slot: obs [*B, A, D] -> (head output [*B, A, out], value [*B, A] | None)."""
+        batch = obs.shape[:-1]
+        x = self._flat(obs, -2)
+        n = x.shape[0]
+        reset = torch.zeros(n, dtype=torch.bool, device=x.device) if reset is None else reset.reshape(n)
+        active = torch.ones(n, dtype=torch.bool, device=x.device) if active is None else active.reshape(n)
+        return self._heads(self._step(x, state, reset, active), batch)
+
+    def act_step(self, obs, state, reset=None, active=None, generator: torch.Generator | None = None, greedy: bool = False):
+        """Sample actions: -> (action, logprob, value | None, state) with `state` updated in place."""
+        out, value = self.step(obs, state, reset, active)
+        action = self.head.sample(out, generator, greedy)
+        return action, self.head.log_prob(out, action), value, state
+
+    def value_step(self, obs: torch.Tensor, state) -> torch.Tensor:
+        """The memory critic's V(obs) as the next step of each slot's episode; writes nothing."""
+        return self.step(obs, state, active=torch.zeros(obs.shape[:-1], dtype=torch.bool, device=obs.device))[1]
+
+    # -- sequence forward --------------------------------------------------------------------------
+    def seq(self, obs: torch.Tensor, start_state, resets: torch.Tensor | None = None, active: torch.Tensor | None = None):
+        """Segments obs [*B, A, T, D] -> (head output [*B, A, T, out], value [*B, A, T] | None)."""
+        batch = obs.shape[:-1]
+        x = self._flat(obs, -3)
+        n, t = x.shape[:2]
+        resets = torch.zeros(n, t, dtype=torch.bool, device=x.device) if resets is None else resets.reshape(n, t)
+        active = torch.ones(n, t, dtype=torch.bool, device=x.device) if active is None else active.reshape(n, t)
+        return self._heads(self._seq(x, start_state, resets, active), batch)
+
+    def evaluate_seq(self, obs, actions, start_state, resets=None, active=None):
+        """-> (logprob, entropy, value | None), each [*B, A, T]."""
+        out, value = self.seq(obs, start_state, resets, active)
+        return self.head.log_prob(out, actions), self.head.entropy(out), value
+
+    # -- memoryless critic -------------------------------------------------------------------------
+    def value(self, critic_in: torch.Tensor) -> torch.Tensor:
+        """V per agent [..., A] from observations [..., A, D] (IPPO) or the state [..., S] (MAPPO)."""
+        if self.memory_critic:
+            raise RuntimeError("this model's critic uses memory: values come from act_step / value_step / evaluate_seq")
+        if self.centralized:
+            x = critic_in.unsqueeze(-2).expand(*critic_in.shape[:-1], self.num_agents, critic_in.shape[-1])
+            x = self._with_id(x, -2)
+        else:
+            x = self._with_id(critic_in, -2) if self.agent_id else critic_in
+        return self.critic(x).squeeze(-1)
+
+
+class LSTMActorCritic(_MemoryActorCritic):
+    """Linear + activation encoder, an LSTM cell, linear actor (and value) heads."""
+
+    def __init__(
+        self,
+        obs_dim: int,
+        action_space: Space,
+        hidden: int = 128,
+        activation: str = "tanh",
+        num_agents: int = 1,
+        agent_id: bool = False,
+        state_dim: int | None = None,
+        init_log_std: float = 0.0,
+        memory_critic: bool | None = None,
+        critic_hidden: tuple[int, ...] = (64, 64),
+    ):
+        super().__init__(obs_dim, action_space, hidden, activation, num_agents, agent_id, state_dim,
+                         init_log_std, memory_critic, critic_hidden)
+        self.hidden = hidden
+        self.encoder = nn.Sequential(layer_init(nn.Linear(self.in_dim, hidden)), ACTIVATIONS[activation]())
+        self.cell = nn.LSTMCell(hidden, hidden)
+        for name, p in self.cell.named_parameters():
+            nn.init.orthogonal_(p, 1.0) if name.startswith("weight") else nn.init.zeros_(p)
+
+    def initial_state(self, batch_size: int, device: torch.device | str | None = None) -> LSTMState:
+        z = torch.zeros(batch_size, self.hidden, device=device, dtype=self.actor_out.weight.dtype)
+        return LSTMState(z, z.clone())
+
+    def _cell(self, e, h, c, reset, active):
+        h, c = h.masked_fill(reset[:, None], 0.0), c.masked_fill(reset[:, None], 0.0)
+        h2, c2 = self.cell(e, (h, c))
+        return h2, torch.where(active[:, None], h2, h), torch.where(active[:, None], c2, c)
+
+    def _step(self, x, st: LSTMState, reset, active):
+        out, h, c = self._cell(self.encoder(x), st.h, st.c, reset, active)
+        st.h.copy_(h)
+        st.c.copy_(c)
+        return out
+
+    def _seq(self, x, st: LSTMState, resets, active):
+        e, h, c, outs = self.encoder(x), st.h, st.c, []
+        for t in range(x.shape[1]):
+            out, h, c = self._cell(e[:, t], h, c, resets[:, t], active[:, t])
+            outs.append(out)
+        return torch.stack(outs, 1)
+
+
+class _Block(nn.Module):
+    def __init__(self, width: int, activation: str):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), ACTIVATIONS[activation](), nn.Linear(4 * width, width))
+
+
+class TransformerActorCritic(_MemoryActorCritic):
+    """Causal pre-LayerNorm transformer over each slot's episode, sinusoidal positions within the
+    episode, a `horizon`-token KV cache per layer; see the module docstring for the semantics."""
+
+    def __init__(
+        self,
+        obs_dim: int,
+        action_space: Space,
+        width: int = 64,
+        layers: int = 2,
+        heads: int = 4,
+        horizon: int = 32,
+        activation: str = "gelu",
+        num_agents: int = 1,
+        agent_id: bool = False,
+        state_dim: int | None = None,
+        init_log_std: float = 0.0,
+        memory_critic: bool | None = None,
+        critic_hidden: tuple[int, ...] = (64, 64),
+    ):
+        if width % heads or width % 2:
+            raise ValueError(f"width {width} must be even and divisible by heads {heads}")
+        if horizon < 1:
+            raise ValueError("horizon must be at least 1")
+        super().__init__(obs_dim, action_space, width, activation, num_agents, agent_id, state_dim,
+                         init_log_std, memory_critic, critic_hidden)
+        self.width, self.num_layers, self.heads, self.horizon = width, layers, heads, horizon
+        self.embed = nn.Linear(self.in_dim, width)
+        self.blocks = nn.ModuleList(_Block(width, activation) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(width)
+        freq = torch.exp(torch.arange(0, width, 2, dtype=torch.float32) * (-math.log(10000.0) / width))
+        self.register_buffer("freq", freq, persistent=False)
+
+    def initial_state(self, batch_size: int, device: torch.device | str | None = None) -> KVCache:
+        kv = torch.zeros(self.num_layers, batch_size, self.horizon, self.width, device=device, dtype=self.embed.weight.dtype)
+        return KVCache(kv, kv.clone(), torch.zeros(batch_size, dtype=torch.long, device=device),
+                       torch.zeros(batch_size, self.horizon, dtype=torch.bool, device=device))
+
+    def _tokens(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        ang = pos.unsqueeze(-1).to(self.freq.dtype) * self.freq
+        return self.embed(x) + torch.cat([ang.sin(), ang.cos()], -1).to(x.dtype)
+
+    def _layers(self, h: torch.Tensor, st: KVCache, mask: torch.Tensor, write=None) -> torch.Tensor:
+        """h [B, Tq, W]; keys = [cache ; these tokens]; mask [B, 1, Tq, horizon + Tq] (True: attend)."""
+        n, tq, w = h.shape
+        split = lambda z: z.reshape(n, z.shape[1], self.heads, w // self.heads).transpose(1, 2)  # noqa: E731
+        for i, blk in enumerate(self.blocks):
+            q, k, v = blk.qkv(blk.ln1(h)).chunk(3, -1)
+            keys, vals = torch.cat([st.k[i], k], 1), torch.cat([st.v[i], v], 1)
+            a = F.scaled_dot_product_attention(split(q), split(keys), split(vals), attn_mask=mask)
+            h = h + blk.proj(a.transpose(1, 2).reshape(n, tq, w))
+            h = h + blk.mlp(blk.ln2(h))
+            if write is not None:
+                write(i, k[:, 0], v[:, 0])
+        return self.ln_f(h)
+
+    def _step(self, x, st: KVCache, reset, active):
+        st.pos.masked_fill_(reset, 0)
+        st.valid.masked_fill_(reset[:, None], False)
+        n = x.shape[0]
+        rows, slot, keep = torch.arange(n, device=x.device), st.pos % self.horizon, ~active[:, None]
+        mask = torch.cat([st.valid, torch.ones(n, 1, dtype=torch.bool, device=x.device)], 1)[:, None, None]
+
+        def write(i, k, v):  # ring-buffer write of the active slots, one indexed store for the batch
+            st.k[i, rows, slot] = torch.where(keep, st.k[i, rows, slot], k)
+            st.v[i, rows, slot] = torch.where(keep, st.v[i, rows, slot], v)
+
+        out = self._layers(self._tokens(x, st.pos)[:, None], st, mask, write)[:, 0]
+        st.valid[rows, slot] |= active
+        st.pos += active
+        return out
+
+    def _seq(self, x, st: KVCache, resets, active):
+        n, t = x.shape[:2]
+        K, dev = self.horizon, x.device
+        ep = resets.long().cumsum(1)  # episode index inside the segment; 0 = the start state's episode
+        a = active.long()
+        before = a.cumsum(1) - a  # active steps before t in the segment
+        base = torch.where(resets, before, 0).cummax(1).values  # ... before the latest episode start
+        pos = before - base + torch.where(ep == 0, st.pos[:, None], 0)  # [B, T] position in the episode
+        # Cache slot s holds the latest position p < pos0 with p % K == s.
+        p0 = st.pos[:, None]
+        cache_pos = p0 - 1 - (p0 - 1 - torch.arange(K, device=dev)).remainder(K)  # [B, K]
+        lo = (pos - K)[:, :, None]  # oldest position a token may attend to
+        to_cache = st.valid[:, None, :] & (ep == 0)[:, :, None] & (cache_pos[:, None, :] >= lo)
+        i = torch.arange(t, device=dev)
+        to_seg = (i[None, :] < i[:, None]) & active[:, None, :] & (ep[:, :, None] == ep[:, None, :]) & (pos[:, None, :] >= lo)
+        to_seg = to_seg | torch.eye(t, dtype=torch.bool, device=dev)  # always itself: no empty row
+        mask = torch.cat([to_cache, to_seg], 2)[:, None]
+        return self._layers(self._tokens(x, pos), st, mask)
