@@ -362,7 +362,7 @@ def test_state_dict_round_trip_continues_identically():
 
 def test_registered_with_options():
     spec = penvs.spec("bucket_brigade")
-    assert spec is not None and spec.train_defaults == {}
+    assert spec is not None and spec.train_defaults["critic"] == "mappo" and spec.train_defaults["team_reward"] == 1.0
     assert set(spec.options) == {"scenario", "num_agents", "outcome_reward", "legacy_phase_order", "max_nights"}
     assert set(spec.options["scenario"].choices) == set(SCENARIOS)
     assert BucketBrigadeEnv.scripted_names == ("firefighter", "free_rider", "hero", "coordinator", "liar", "random")

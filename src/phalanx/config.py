@@ -55,10 +55,18 @@ class Config:
     norm_value: bool = _f(False, "learn values in running-normalised units (default on with critic=mappo)")
     obs_clip: float = _f(10.0, "clip normalised observations to +-this", positive=True)
     # Model.
-    model: str = _f("mlp", "policy architecture", choices=("mlp",))
+    model: str = _f("mlp", "policy architecture (lstm / transformer: memory across an episode's steps)",
+                    choices=("mlp", "lstm", "transformer"))
     hidden_sizes: list = _f([64, 64], "hidden layer widths of the actor and critic MLPs")
     activation: str = _f("tanh", "hidden activation", choices=("tanh", "relu", "gelu", "silu"))
     init_log_std: float = _f(0.0, "initial log-std of Gaussian action heads")
+    lstm_hidden: int = _f(128, "LSTM width (model=lstm)", positive=True)
+    tf_width: int = _f(64, "transformer width (model=transformer)", positive=True)
+    tf_layers: int = _f(2, "transformer layers", positive=True)
+    tf_heads: int = _f(4, "transformer attention heads (must divide tf_width)", positive=True)
+    tf_horizon: int = _f(32, "transformer KV-cache horizon: how many past steps of the episode a step attends to", positive=True)
+    trial_bootstrap: str = _f("continue", "value across a trial end: continue (RL^2-style) or stop (cut like a termination)",
+                              choices=("continue", "stop"))
     # Multi-agent.
     param_sharing: str = _f(
         "shared", "policy parameters: shared by all agents, shared with a one-hot agent id input, or one set per role",
@@ -238,6 +246,13 @@ def resolve(*layers: dict[str, Any] | None) -> Config:
         values[key] = value
     values["env_options"] = registry.resolve_options(env, env_opts)
     cfg = Config(**values)
+    if cfg.model != "mlp" and cfg.num_minibatches > cfg.num_envs:
+        raise ConfigError(
+            f"config key 'num_minibatches' must be <= num_envs ({cfg.num_envs}) with model={cfg.model}: minibatches keep each "
+            f"env's segment whole; got {cfg.num_minibatches}"
+        )
+    if cfg.model == "transformer" and cfg.tf_width % cfg.tf_heads:
+        raise ConfigError(f"config key 'tf_heads' must divide tf_width ({cfg.tf_width}); got {cfg.tf_heads}")
     if cfg.num_minibatches > cfg.batch_size:
         raise ConfigError(
             f"config key 'num_minibatches' must be <= num_envs * num_steps ({cfg.batch_size}), got {cfg.num_minibatches}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -43,6 +44,18 @@ def build_model(cfg: Config, env: VecEnv) -> nn.Module:
     if cfg.critic == "mappo" and env.state_space is None:
         raise ConfigError(f"config key 'critic' is 'mappo' but env '{cfg.env}' has no global state; use ippo")
     roles = env.roles.detach().cpu() if cfg.param_sharing == "per_role" else None
+    if cfg.model != "mlp":
+        from phalanx.models.memory import LSTMActorCritic, TransformerActorCritic
+
+        if roles is not None:
+            raise ConfigError(f"config key 'param_sharing' cannot be per_role with model={cfg.model}; use shared or shared_id")
+        common = dict(num_agents=env.num_agents, agent_id=cfg.param_sharing == "shared_id",
+                      state_dim=state_dim_of(env) if cfg.critic == "mappo" else None, init_log_std=cfg.init_log_std,
+                      critic_hidden=tuple(cfg.hidden_sizes))
+        if cfg.model == "lstm":
+            return LSTMActorCritic(obs_dim_of(env), env.action_space, hidden=cfg.lstm_hidden, activation=cfg.activation, **common)
+        return TransformerActorCritic(obs_dim_of(env), env.action_space, width=cfg.tf_width, layers=cfg.tf_layers,
+                                      heads=cfg.tf_heads, horizon=cfg.tf_horizon, **common)
     return MLPActorCritic(
         obs_dim_of(env), env.action_space, tuple(cfg.hidden_sizes), cfg.activation,
         num_agents=env.num_agents, agent_id=cfg.param_sharing == "shared_id", roles=roles,
@@ -148,6 +161,10 @@ class Trainer:
         self.ep_return = torch.zeros(self.N, self.A, device=self.device)
         self.ep_length = torch.zeros(self.N, self.A, device=self.device)
         self.team_return = torch.zeros(self.N, device=self.device)
+        self.recurrent = getattr(self.model, "recurrent", False)
+        if self.recurrent:
+            self.memory = self.model.initial_state(self.N * self.A, self.device)
+            self.prev_done = torch.zeros(self.N, self.A, dtype=torch.bool, device=self.device)
         self.writer = None
         self.checkpoint_every = cfg.checkpoint_every or max(cfg.batch_size, cfg.total_steps // 10)
         self._last_ckpt_step = 0
@@ -168,7 +185,11 @@ class Trainer:
             "terminated": torch.zeros(T, N, A, dtype=torch.bool, device=dev),
             "truncated": torch.zeros(T, N, A, dtype=torch.bool, device=dev),
             "active": torch.zeros(T, N, A, dtype=torch.bool, device=dev),
+            "trial_end": torch.zeros(T, N, A, dtype=torch.bool, device=dev),
         }
+        if getattr(self.model, "recurrent", False):
+            self.buf["resets"] = torch.zeros(T, N, A, dtype=torch.bool, device=dev)
+            self.buf["env_active"] = torch.zeros(T, N, A, dtype=torch.bool, device=dev)
         if self.model.centralized:
             self.buf["states"] = torch.zeros(T, N, state_dim_of(self.env), device=dev)
 
@@ -181,7 +202,12 @@ class Trainer:
         return self.norms.obs.normalize(x, self.cfg.obs_clip)
 
     def _value(self, obs_n: torch.Tensor, state: torch.Tensor | None) -> torch.Tensor:
-        v = self.model.value(state.reshape(state.shape[0], -1).float() if self.model.centralized else obs_n)
+        if getattr(self.model, "memory_critic", False):
+            # V from the memory as it stands (e.g. V(final_obs) before the next step's reset); writes nothing.
+            return self._denorm(self.model.value_step(obs_n, self.memory))
+        return self._denorm(self.model.value(state.reshape(state.shape[0], -1).float() if self.model.centralized else obs_n))
+
+    def _denorm(self, v: torch.Tensor) -> torch.Tensor:
         return self.norms.value.denormalize(v) if self.norms.value is not None else v
 
     # -- rollout ---------------------------------------------------------------------------------
@@ -197,9 +223,19 @@ class Trainer:
         stats = {"ep_return_sum": zero(), "ep_length_sum": zero(), "episodes": zero(), "team_return_sum": zero(), "team_episodes": zero()}
         head, learner = self.model.head, self.learner
         obs_n = self._obs_in(rec.obs, update=True, mask=rec.active & learner)
-        value = self._value(obs_n, rec.state)
+        memory_critic = getattr(self.model, "memory_critic", False)
+        if self.recurrent:
+            self.segment_start = self.memory.clone()
+        value = None if memory_critic else self._value(obs_n, rec.state)
         for t in range(self.cfg.num_steps):
-            action, logp = self.model.act(obs_n, self.gen)
+            if self.recurrent:
+                b["resets"][t] = self.prev_done
+                b["env_active"][t] = rec.active
+                action, logp, v_mem, self.memory = self.model.act_step(obs_n, self.memory, self.prev_done, rec.active, self.gen)
+                if memory_critic:
+                    value = self._denorm(v_mem)
+            else:
+                action, logp = self.model.act(obs_n, self.gen)
             if self.teammates.groups:
                 action = self.teammates.fill(action, rec, self.gen)
             acting = rec.active & learner
@@ -213,10 +249,15 @@ class Trainer:
             prev_active = rec.active
             rec = self.env.step(head.to_env(action))
             next_n = self._obs_in(rec.obs, update=True, mask=rec.active & learner)
-            value = self._value(next_n, rec.state)
-            b["next_values"][t] = self._final_values(rec, value)
             reward = rec.reward
             done = rec.terminated | rec.truncated
+            if memory_critic:
+                b["next_values"][t] = self._value(self._obs_in(rec.final_obs), None)
+            else:
+                value = self._value(next_n, rec.state)
+                b["next_values"][t] = self._final_values(rec, value)
+            if self.recurrent:
+                self.prev_done = done
             self.ep_return += reward
             self.ep_length += prev_active.float()
             agent_done = done & acting
@@ -244,6 +285,7 @@ class Trainer:
             b["rewards"][t] = reward
             b["terminated"][t] = rec.terminated
             b["truncated"][t] = rec.truncated
+            b["trial_end"][t] = rec.trial_end
             obs_n = next_n
         self.record = rec
         return stats
@@ -264,14 +306,21 @@ class Trainer:
 
     # -- update ----------------------------------------------------------------------------------
     def _evaluate(self, part: PPOBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        logp, ent = self.model.evaluate(part.obs, part.actions)
-        return logp, ent, self.model.value(part.critic_obs)
+        if not self.recurrent:
+            logp, ent = self.model.evaluate(part.obs, part.actions)
+            return logp, ent, self.model.value(part.critic_obs)
+        slots = (part.rows.unsqueeze(1) * self.A + torch.arange(self.A, device=self.device)).reshape(-1)
+        start = self.segment_start.select(slots)
+        logp, ent, value = self.model.evaluate_seq(part.obs, part.actions, start, part.resets, part.env_active)
+        if value is None:  # memoryless critic: the global state [B, T, S] -> [B, T, A] -> [B, A, T]
+            value = self.model.value(part.critic_obs).transpose(-1, -2) if self.model.centralized else self.model.value(part.critic_obs)
+        return logp, ent, value
 
     def update(self) -> dict[str, torch.Tensor]:
         cfg, b = self.cfg, self.buf
         adv, ret = compute_gae(
             b["rewards"], b["values"], b["next_values"], b["terminated"], b["truncated"],
-            cfg.gamma, cfg.gae_lambda, active=b["active"],
+            cfg.gamma, cfg.gae_lambda, active=b["active"], trial_end=b["trial_end"], trial_bootstrap=cfg.trial_bootstrap,
         )
         values = b["values"]
         mask = b["active"].float()
@@ -279,13 +328,24 @@ class Trainer:
             self.norms.value.update(ret, b["active"])
             ret = self.norms.value.normalize(ret)
             values = self.norms.value.normalize(values)
-        # Rows are (step, env) pairs; the agent axis stays whole so per-role layers see their slots.
-        flat = lambda x: x.reshape(-1, *x.shape[2:])  # noqa: E731
-        obs = flat(b["obs"])
-        batch = PPOBatch(
-            obs=obs, critic_obs=flat(b["states"]) if "states" in b else obs, actions=flat(b["actions"]),
-            logprobs=flat(b["logprobs"]), advantages=flat(adv), returns=flat(ret), values=flat(values), mask=flat(mask),
-        )
+        if self.recurrent:
+            # Rows are envs; each keeps its whole [A, T] segment so the sequence forward can replay it
+            # from the memory stored at the rollout's start.
+            seg = lambda x: x.permute(1, 2, 0, *range(3, x.dim()))  # noqa: E731 [T, N, A, ...] -> [N, A, T, ...]
+            obs = seg(b["obs"])
+            batch = PPOBatch(
+                obs=obs, critic_obs=b["states"].transpose(0, 1) if "states" in b else obs, actions=seg(b["actions"]),
+                logprobs=seg(b["logprobs"]), advantages=seg(adv), returns=seg(ret), values=seg(values), mask=seg(mask),
+                rows=torch.arange(self.N, device=self.device), resets=seg(b["resets"]), env_active=seg(b["env_active"]),
+            )
+        else:
+            # Rows are (step, env) pairs; the agent axis stays whole so per-role layers see their slots.
+            flat = lambda x: x.reshape(-1, *x.shape[2:])  # noqa: E731
+            obs = flat(b["obs"])
+            batch = PPOBatch(
+                obs=obs, critic_obs=flat(b["states"]) if "states" in b else obs, actions=flat(b["actions"]),
+                logprobs=flat(b["logprobs"]), advantages=flat(adv), returns=flat(ret), values=flat(values), mask=flat(mask),
+            )
         if cfg.anneal_lr:
             frac = 1.0 - self.update_idx / max(1, self.num_updates)
             for g in self.optimizer.param_groups:
@@ -322,6 +382,10 @@ class Trainer:
         out["trainer.ep_return"] = self.ep_return
         out["trainer.ep_length"] = self.ep_length
         out["trainer.team_return"] = self.team_return
+        if self.recurrent:
+            out["trainer.prev_done"] = self.prev_done
+            for k in dataclasses.fields(self.memory):
+                out[f"memory.{k.name}"] = getattr(self.memory, k.name)
         out["trainer.rng"] = generator_state(self.gen)
         out["torch.rng"] = torch.get_rng_state()
         return out
@@ -371,6 +435,9 @@ class Trainer:
         self.ep_return = state_t["trainer.ep_return"].to(dev)
         self.ep_length = state_t["trainer.ep_length"].to(dev)
         self.team_return = state_t["trainer.team_return"].to(dev)
+        if self.recurrent:
+            self.prev_done = state_t["trainer.prev_done"].to(dev)
+            self.memory = type(self.memory)(**{k.name: state_t[f"memory.{k.name}"].to(dev) for k in dataclasses.fields(self.memory)})
         set_generator_state(self.gen, state_t["trainer.rng"])
         torch.set_rng_state(state_t["torch.rng"])
         self.global_step = int(meta["global_step"])
@@ -406,7 +473,8 @@ class Trainer:
         out = self.run_dir / f"nonfinite_update_{self.update_idx:06d}"
         out.mkdir(exist_ok=True)
         b = self._last_batch
-        save_file({k: getattr(b, k).detach().cpu().clone() for k in b.__dataclass_fields__}, str(out / "batch.safetensors"))
+        save_file({k: getattr(b, k).detach().cpu().clone() for k in b.__dataclass_fields__ if getattr(b, k) is not None},
+                  str(out / "batch.safetensors"))
         ckpt.write_json_atomic(out / "config.json", self.cfg.to_dict())
         ckpt.write_json_atomic(out / "metrics.json", metrics)
         return out

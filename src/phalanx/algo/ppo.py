@@ -26,6 +26,11 @@ class PPOBatch:
     returns: torch.Tensor
     values: torch.Tensor
     mask: torch.Tensor
+    # Memory policies: which buffer rows these are (to pick their stored memory), the episode starts
+    # and the env's own active flags along each segment.
+    rows: torch.Tensor | None = None
+    resets: torch.Tensor | None = None
+    env_active: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.logprobs.shape[0]
@@ -38,7 +43,7 @@ class PPOBatch:
         critic_obs = obs if self.critic_obs is self.obs else pick(self.critic_obs)
         return PPOBatch(obs, critic_obs, *(pick(t) for t in (
             self.actions, self.logprobs, self.advantages, self.returns, self.values, self.mask,
-        )))
+        )), *(None if t is None else pick(t) for t in (self.rows, self.resets, self.env_active)))
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

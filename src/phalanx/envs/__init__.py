@@ -6,6 +6,7 @@ from phalanx.envs import cartpole as _cartpole  # noqa: F401,E402
 from phalanx.envs import gym_adapter as _gym_adapter  # noqa: F401,E402
 from phalanx.envs import pendulum as _pendulum  # noqa: F401,E402
 from phalanx.envs import pettingzoo_adapter as _pettingzoo_adapter  # noqa: F401,E402
+from phalanx.envs import trial_nav as _trial_nav  # noqa: F401,E402
 from phalanx.envs.base import StepRecord, VecEnv
 from phalanx.envs.pettingzoo_adapter import to_pettingzoo
 from phalanx.envs.registry import EnvOption, EnvSpec, make, register, register_prefix, registered, spec
