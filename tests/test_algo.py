@@ -115,9 +115,10 @@ def test_gae_terminal_at_last_step_ignores_bootstrap():
 
 def test_gae_inactive_steps_zero_advantage_trace_passes_across():
     adv, ret = _gae(active=[True, False, True, True])
-    # adv1 = 0 ; adv0 = delta0 + .25 * adv2 = 1 + .25*2.25
-    _close(adv, [1.5625, 0.0, 2.25, 1.0])
-    _close(ret, [2.0625, 1.0, 2.75, 2.0])
+    # Step 0 bootstraps from the next *active* step's value V[2] = .5 (not from the inactive obs):
+    # delta0 = 1 + .5*.5 - .5 = .75 ; adv1 = 0 ; adv0 = .75 + .25*2.25
+    _close(adv, [1.3125, 0.0, 2.25, 1.0])
+    _close(ret, [1.8125, 1.0, 2.75, 2.0])
     # two inactive steps in a row and an inactive final step
     adv, _ = _gae(active=[True, False, False, True])
     _close(adv, [1.25, 0.0, 0.0, 1.0])
@@ -156,12 +157,30 @@ def _ref_gae(r, v, nv, term, trunc, gamma, lam, active, trial_end, stop):
     T = len(r)
     adv = [0.0] * T
     following = 0.0  # advantage of the next active step
+
+    def no_boot_at(u):
+        return term[u] or (stop and trial_end[u])
+
+    def bootstrap(t):
+        # V of the next step if active; else the value after the gap of inactive steps: the next
+        # active step's V, or 0 / V(final obs) where an episode ends inside the gap.
+        if t + 1 >= T or active[t + 1]:
+            return nv[t]
+        for u in range(t + 1, T):
+            if active[u]:
+                return v[u]
+            if no_boot_at(u) or trunc[u]:
+                return 0.0 if no_boot_at(u) else nv[u]
+        return nv[t]
+
     for t in reversed(range(T)):
         if not active[t]:
+            if no_boot_at(t) or trunc[t]:
+                following = 0.0
             continue
-        no_boot = term[t] or (stop and trial_end[t])
+        no_boot = no_boot_at(t)
         cut = no_boot or trunc[t]
-        delta = r[t] + (0.0 if no_boot else gamma * nv[t]) - v[t]
+        delta = r[t] + (0.0 if no_boot else gamma * bootstrap(t)) - v[t]
         adv[t] = delta + (0.0 if cut else gamma * lam * following)
         following = adv[t]
     return adv

@@ -33,7 +33,7 @@ def compute_gae(
         not_term = not_term * (~trial_end).to(rewards.dtype)
         ended = ended | trial_end
     not_ended = (~ended).to(rewards.dtype)
-    deltas = rewards + gamma * next_values * not_term - values
+    deltas = rewards + gamma * next_values * not_term - values  # used when every step is active
     decay = gamma * gae_lambda * not_ended
     advantages = torch.zeros_like(rewards)
     last = torch.zeros_like(rewards[0])
@@ -42,10 +42,22 @@ def compute_gae(
             last = deltas[t] + decay[t] * last
             advantages[t] = last
     else:
+        # An active step followed by inactive ones (a parked or not-yet-spawned slot) bootstraps from
+        # the value of the slot's next active step, carried backwards across the gap, not from the
+        # value of an observation it was inactive at.
         act = active.to(rewards.dtype)
+        carry = torch.zeros_like(rewards[0])
+        known = torch.zeros_like(rewards[0])  # 1 where `carry` holds a value from later in the rollout
         for t in range(rewards.shape[0] - 1, -1, -1):
+            next_act = act[t + 1] if t + 1 < rewards.shape[0] else torch.ones_like(act[t])
+            gap_value = known * carry + (1.0 - known) * next_values[t]
+            nv = next_act * next_values[t] + (1.0 - next_act) * gap_value
+            delta = rewards[t] + gamma * nv * not_term[t] - values[t]
             # An episode boundary flagged on an inactive step still cuts the trace.
-            last = act[t] * (deltas[t] + decay[t] * last) + (1.0 - act[t]) * not_ended[t] * last
+            last = act[t] * (delta + decay[t] * last) + (1.0 - act[t]) * not_ended[t] * last
+            ended_here = (1.0 - act[t]) * (1.0 - not_ended[t])
+            carry = act[t] * values[t] + ended_here * not_term[t] * next_values[t] + (1.0 - act[t] - ended_here) * carry
+            known = torch.maximum(known, torch.maximum(act[t], ended_here))
             advantages[t] = act[t] * last
     returns = advantages + values
     return advantages, returns
