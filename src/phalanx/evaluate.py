@@ -47,6 +47,10 @@ def evaluate_policy(
     gen = torch.Generator(device=env.device)
     gen.manual_seed(seed)
     rec = env.reset(seed=seed)
+    recurrent = getattr(policy, "recurrent", False)
+    if recurrent:
+        policy.reset_memory()
+    prev_done = torch.zeros(n, env.num_agents, dtype=torch.bool, device=env.device)
     team_ret = torch.zeros(n, device=env.device)
     ep_len = torch.zeros(n, device=env.device)
     rows: list[dict[str, float]] = []
@@ -60,11 +64,12 @@ def evaluate_policy(
         elif isinstance(policy, str):
             actions = env.scripted_actions(policy, rec, gen)
         else:
-            actions = policy.act(rec.obs, greedy=greedy, generator=gen)
+            actions = policy.act(rec.obs, greedy=greedy, generator=gen, reset=prev_done, active=rec.active)
             if mates is not None:
                 actions = mates.fill(actions, rec, gen)
         prev_active = rec.active
         rec = env.step(actions)
+        prev_done = rec.terminated | rec.truncated
         steps += 1
         team_ret += (rec.reward * prev_active).sum(-1)
         ep_len += 1

@@ -21,6 +21,15 @@ class Policy:
         self.config = config
         self.observation_space = observation_space
         self.action_space = action_space
+        self.memory = None  # memory policies: the LSTM state / KV cache of the slots being played
+
+    @property
+    def recurrent(self) -> bool:
+        return getattr(self.model, "recurrent", False)
+
+    def reset_memory(self) -> None:
+        """Forget every slot's memory (the next `act` starts fresh episodes)."""
+        self.memory = None
 
     @property
     def device(self) -> torch.device:
@@ -36,11 +45,25 @@ class Policy:
         return x
 
     @torch.no_grad()
-    def act(self, obs: torch.Tensor, greedy: bool = True, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Map a batch of observations (any leading axes) to env actions, greedy or sampled."""
+    def act(
+        self, obs: torch.Tensor, greedy: bool = True, generator: torch.Generator | None = None,
+        reset: torch.Tensor | None = None, active: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Map a batch of observations [..., A, *obs_shape] to env actions, greedy or sampled.
+
+        Memory policies carry their memory between calls: pass `reset` [..., A] where an episode
+        starts (the previous step ended it) and `active` [..., A] for slots that act.
+        """
         if not torch.is_tensor(obs):
             obs = torch.as_tensor(obs)
-        action, _ = self.model.act(self.preprocess(obs), generator, greedy)
+        x = self.preprocess(obs)
+        if not self.recurrent:
+            action, _ = self.model.act(x, generator, greedy)
+            return self.model.head.to_env(action)
+        slots = x.shape[:-1].numel()
+        if self.memory is None or self.memory.batch_size != slots:
+            self.memory = self.model.initial_state(slots, self.device)
+        action, _, _, self.memory = self.model.act_step(x, self.memory, reset, active, generator, greedy)
         return self.model.head.to_env(action)
 
     @torch.no_grad()
