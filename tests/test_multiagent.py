@@ -213,6 +213,10 @@ def test_memory_policy_training_forward_reproduces_the_rollout(tmp_path, model):
     tr.collect()  # the second rollout starts mid-episode, from stored memory, and crosses episode starts
     b = tr.buf
     assert b["resets"].any() and (~b["env_active"]).any(), "segments must contain episode starts and parked slots"
+    # Memory resets exactly after terminated/truncated steps, never after a trial end alone.
+    ended = b["terminated"] | b["truncated"]
+    assert torch.equal(b["resets"][1:], ended[:-1])
+    assert (b["trial_end"] & ~ended).any(), "trial ends inside an episode must occur (and keep memory)"
     seg = lambda x: x.permute(1, 2, 0, *range(3, x.dim()))  # noqa: E731
     with torch.no_grad():
         logp, _, value = tr.model.evaluate_seq(seg(b["obs"]), seg(b["actions"]), tr.segment_start, seg(b["resets"]), seg(b["env_active"]))
