@@ -150,16 +150,19 @@ def test_oracle_parks_egos_and_ends_the_trial_when_all_are_parked():
     dist = _distances(env)  # [N, A]
     assert bool((dist >= 1).all()) and bool((dist <= 5).all())
     first_obs = _inner_obs(env, rec.obs).clone()
-    last = dist.max(1).values  # the trial ends on the step the last ego arrives
+    last = dist.max(1).values + 1  # the trial ends when the last ego has acknowledged its arrival
     ended = torch.zeros(32, dtype=torch.bool)
     for s in range(1, L + 1):
         prev_active = rec.active.clone()
         rec = env.step(env.scripted_actions("oracle", rec, gen))
         live = ~ended
         arrive = (dist == s) & live.unsqueeze(1)
-        # Arriving egos are paid once; parked ones get nothing and stay inactive until the trial ends.
+        # Arriving egos are paid once, stay active one more step to see their success (reward 0), then
+        # are parked: inactive and unpaid until the trial ends.
         assert torch.allclose(rec.reward[arrive], torch.full_like(rec.reward[arrive], 1.0 + STEP_PENALTY))
-        parked = (dist < s) & live.unsqueeze(1)
+        ack = (dist == s - 1) & live.unsqueeze(1)
+        assert bool(prev_active[ack].all()) and bool((rec.reward[ack] == 0).all())
+        parked = (dist < s - 1) & live.unsqueeze(1)
         assert bool((~prev_active[parked]).all()) and bool((rec.reward[parked] == 0).all())
         moving = (dist > s) & live.unsqueeze(1)
         assert torch.allclose(rec.reward[moving], torch.full_like(rec.reward[moving], STEP_PENALTY))
@@ -168,12 +171,15 @@ def test_oracle_parks_egos_and_ends_the_trial_when_all_are_parked():
         assert torch.equal(rec.trial_end, te.unsqueeze(1).expand(32, 3))
         assert not bool(rec.terminated.any()) and not bool(rec.truncated.any())
         still = live & ~te
-        assert torch.equal(rec.active[still], (dist > s)[still])
+        assert torch.equal(rec.active[still], (dist >= s)[still])
+        # The acknowledging ego's observation says it found the goal in this trial.
+        assert bool((rec.obs[arrive & ~te.unsqueeze(1)][..., -1] == 1).all())
         # Where the trial ended: every slot active again, the same start, final_obs shows the goal found.
         assert bool(rec.active[te].all())
         assert torch.equal(_inner_obs(env, rec.obs)[te], first_obs[te])
         assert bool((_inner_obs(env, rec.final_obs)[te][..., -1] == 1).all())
-        assert bool((rec.obs[te][..., -1] == 1).all())  # previous-trial success bit
+        assert bool((rec.final_obs[te][..., -1] == 1).all())
+        assert bool((rec.obs[te][..., -1] == 0).all())  # cleared at the trial start: no memory leaks in obs
         assert torch.equal(rec.final_obs[~te], rec.obs[~te])
         ended |= te
     assert bool(ended.all())
@@ -215,14 +221,15 @@ def test_oracle_metrics():
         assert bool((info[f"ada_delta_trial_{i}_minus_0"] == 0).all())
     assert bool((info["goal_reached"] == 1).all()) and bool((info["trials_completed"] == K).all())
     assert bool((info["timed_out"] == 0).all())
-    assert torch.equal(info["mean_trial_length"], arrival)
+    assert torch.equal(info["mean_trial_length"], arrival + 1)  # + the acknowledge step
     # The episode ends at the end of the k-th trial: terminated for every slot, with trial_end.
     for rec in records[1:]:
         ends = rec.trial_end[:, 0] & rec.terminated.any(1)
         assert bool(rec.terminated[ends].all())
-        # Before that, terminated only marks an ego finishing in the last trial (paid, then parked).
+        # Before that, terminated only marks an ego's last active step in the last trial (its
+        # acknowledge step: unpaid, then parked).
         early = rec.terminated & ~rec.trial_end
-        assert bool((rec.reward[early] > 0.5).all()) and not bool(rec.active[early].any())
+        assert bool((rec.reward[early] == 0).all()) and not bool(rec.active[early].any())
 
 
 def test_terminated_only_in_the_last_trial():
@@ -230,7 +237,7 @@ def test_terminated_only_in_the_last_trial():
     rec = env.reset(seed=6)
     gen = torch.Generator().manual_seed(0)
     dist = _distances(env)  # the oracle's arrival step per ego, the same in every trial
-    last = dist.max(1).values
+    last = dist.max(1).values + 1
     first_episode = torch.ones(32, dtype=torch.bool)
     seen_early = False
     for _ in range(K * int(last.max())):
@@ -240,9 +247,9 @@ def test_terminated_only_in_the_last_trial():
         mid = f & (trial < K - 1)
         assert not bool(rec.terminated[mid].any())
         fin = f & (trial == K - 1)
-        # An ego finishing the last trial is flagged on its finishing step (its last active step);
+        # An ego finishing the last trial is flagged on its acknowledge step (its last active step);
         # every slot is flagged when the trial, and so the episode, ends.
-        want = (dist == s.unsqueeze(1)) | (last == s).unsqueeze(1)
+        want = (dist + 1 == s.unsqueeze(1)) | (last == s).unsqueeze(1)
         assert torch.equal(rec.terminated[fin], want[fin])
         assert torch.equal(rec.trial_end[f, 0], (last == s)[f])
         seen_early |= bool((rec.terminated & ~rec.trial_end)[f].any())

@@ -38,10 +38,13 @@ Flags the wrapper returns (every tensor [N, A], one per learner slot):
 * parked slots get reward 0 (the wrapper masks the inner reward with the slots active before the step).
 
 Observation per slot: the inner observation, then the trial index one-hot (k), the time in the trial
-`t / L` (0 at the trial start), and whether this slot succeeded in the previous trial of this
-episode (0 in trial 0). The last bit matters for memory policies: a slot that succeeds is parked on
-the observation that shows its success, and a memory model writes nothing on inactive steps, so it
-would otherwise never see the outcome of its own trial. It says nothing about *where* the goal was.
+`t / L` (0 at the trial start), and whether this slot has succeeded in the current trial. A slot that
+succeeds stays active for one more "acknowledge" step (its action is ignored by the inner env, its
+reward is 0) whose observation shows it on the goal with that bit set, and is parked after it: a
+memory model writes nothing on inactive steps, so without that step it would never see the outcome
+of its own trial. The bit is cleared at every trial start, so a memoryless policy learns nothing
+from it about earlier trials (an earlier version carried "succeeded in the previous trial" into
+the next trial, which let an MLP adapt across one trial without any memory).
 Global state (when the inner env has one): the inner state, the trial one-hot and the time fraction.
 
 info ([N] float32 each, set where the episode ended at this step, 0 elsewhere):
@@ -146,7 +149,7 @@ class MultiTrialEnv(VecEnv):
         self.trial_step = torch.zeros(n, dtype=torch.long, device=dev)
         self.active = torch.ones(n, a, dtype=torch.bool, device=dev)
         self.reached = torch.zeros(n, a, dtype=torch.bool, device=dev)  # succeeded in the current trial
-        self.prev_success = torch.zeros(n, a, dtype=torch.bool, device=dev)  # succeeded in the previous trial
+        self.ack = torch.zeros(n, a, dtype=torch.bool, device=dev)  # finished last step: acknowledge, then park
         self.scores = torch.zeros(n, k, dtype=torch.float32, device=dev)
         self.completed = torch.zeros(n, dtype=torch.float32, device=dev)
         self.length_sum = torch.zeros(n, dtype=torch.float32, device=dev)
@@ -157,7 +160,7 @@ class MultiTrialEnv(VecEnv):
         onehot = (self.trial.unsqueeze(1) == self._trial_ids).float()  # [N, k]
         frac = (self.trial_step.float() / self.max_trial_steps).unsqueeze(1)  # [N, 1]
         o = torch.cat(
-            (obs.float(), onehot.unsqueeze(1).expand(n, a, k), frac.unsqueeze(1).expand(n, a, 1), self.prev_success.float().unsqueeze(2)),
+            (obs.float(), onehot.unsqueeze(1).expand(n, a, k), frac.unsqueeze(1).expand(n, a, 1), self.reached.float().unsqueeze(2)),
             2,
         )
         s = None if state is None else torch.cat((state.float(), onehot, frac), 1)
@@ -200,7 +203,9 @@ class MultiTrialEnv(VecEnv):
         success = (rec.terminated if success is None else success.bool()) & finished
         self.reached = self.reached | success
         self.trial_step = self.trial_step + 1
-        active = prev_active & rec.active & ~finished
+        # A slot that finished this step stays active one more step to observe its success; one that
+        # was acknowledging is parked now.
+        active = prev_active & ~self.ack & (rec.active | finished)
         all_parked = ~active.any(1)
         timeout = self.trial_step >= self.max_trial_steps
         trial_end = all_parked | timeout  # [N]
@@ -222,7 +227,8 @@ class MultiTrialEnv(VecEnv):
         current = self.inner.reset_envs(trial_end, self.episode_seed)
         te1 = trial_end.unsqueeze(1)
         ee1 = episode_end.unsqueeze(1)
-        self.prev_success = torch.where(te1, self.reached & ~ee1, self.prev_success)
+        was_ack = self.ack
+        self.ack = finished & ~te1
         self.reached = self.reached & ~te1
         self.active = active | te1
         self.trial = torch.where(trial_end, torch.where(episode_end, 0, self.trial + 1), self.trial)
@@ -232,7 +238,7 @@ class MultiTrialEnv(VecEnv):
         self.length_sum = torch.where(episode_end, 0.0, self.length_sum)
         obs, state = self._augment(*current)
         return StepRecord(
-            obs=obs, reward=reward, terminated=ee1 | (finished & last_trial.unsqueeze(1)),
+            obs=obs, reward=reward, terminated=ee1 | (was_ack & last_trial.unsqueeze(1)),
             truncated=torch.zeros(n, a, dtype=torch.bool, device=dev), active=self.active.clone(),
             trial_end=te1.expand(n, a).contiguous(), final_obs=final_obs, state=state, final_state=final_state,
             info=info,
@@ -248,7 +254,7 @@ class MultiTrialEnv(VecEnv):
             "trial_step": self.trial_step.clone(),
             "active": self.active.clone(),
             "reached": self.reached.clone(),
-            "prev_success": self.prev_success.clone(),
+            "ack": self.ack.clone(),
             "scores": self.scores.clone(),
             "completed": self.completed.clone(),
             "length_sum": self.length_sum.clone(),
@@ -266,7 +272,7 @@ class MultiTrialEnv(VecEnv):
         self.trial_step = state["trial_step"].to(device=dev, dtype=torch.long).reshape(n).clone()
         self.active = state["active"].to(device=dev, dtype=torch.bool).reshape(n, a).clone()
         self.reached = state["reached"].to(device=dev, dtype=torch.bool).reshape(n, a).clone()
-        self.prev_success = state["prev_success"].to(device=dev, dtype=torch.bool).reshape(n, a).clone()
+        self.ack = state["ack"].to(device=dev, dtype=torch.bool).reshape(n, a).clone()
         self.scores = state["scores"].to(device=dev, dtype=torch.float32).reshape(n, k).clone()
         self.completed = state["completed"].to(device=dev, dtype=torch.float32).reshape(n).clone()
         self.length_sum = state["length_sum"].to(device=dev, dtype=torch.float32).reshape(n).clone()
