@@ -264,18 +264,23 @@ class Trainer:
             stats["ep_return_sum"] += (self.ep_return * agent_done).sum()
             stats["ep_length_sum"] += (self.ep_length * agent_done).sum()
             stats["episodes"] += agent_done.sum()
-            self.team_return += (reward * prev_active).sum(-1)
-            env_done = (done | ~prev_active).all(-1)
-            stats["team_return_sum"] += (self.team_return * env_done).sum()
-            stats["team_episodes"] += env_done.sum()
+            if self.A > 1:
+                self.team_return += (reward * prev_active).sum(-1)
+                env_done = (done | ~prev_active).all(-1)
+                stats["team_return_sum"] += (self.team_return * env_done).sum()
+                stats["team_episodes"] += env_done.sum()
+                self.team_return.masked_fill_(env_done, 0.0)
+            else:
+                env_done = done.squeeze(-1)
             for k, v in rec.info.items():
+                if k in ("episode_return", "episode_length") and k != self.env.success_key:
+                    continue  # tracked above, per agent slot
                 key = f"info_{k}"
                 if key not in stats:
                     stats[key] = zero()
                 stats[key] += (v.float().reshape(self.N, -1).mean(-1) * env_done).sum()
             self.ep_return.masked_fill_(done, 0.0)
             self.ep_length.masked_fill_(done, 0.0)
-            self.team_return.masked_fill_(env_done, 0.0)
             if self.cfg.team_reward > 0:
                 w = self.cfg.team_reward
                 team = (reward * prev_active).sum(-1, keepdim=True) / prev_active.sum(-1, keepdim=True).clamp_min(1)
@@ -509,6 +514,8 @@ class Trainer:
                     row["episode_return"] = ret_sum / eps
                     row["episode_length"] = len_sum / eps
                     self.recent_returns = (self.recent_returns + [row["episode_return"]])[-10:]
+                if self.A == 1:
+                    team_eps = eps  # one slot: the env's episodes are the agent's
                 if team_eps > 0 and self.A > 1:
                     row["team_return"] = team_sum / team_eps
                     for k, v in info.items():
