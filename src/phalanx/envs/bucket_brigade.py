@@ -232,7 +232,11 @@ class BucketBrigadeEnv(VecEnv):
             self.gen.seed()
         else:
             self.gen.manual_seed(seed)
-        n = self.num_envs
+        self._new_episodes()
+
+    def _new_episodes(self) -> None:
+        """Fresh start state for every env: houses, night, signals, locations, last actions."""
+        n, a, dev = self.num_envs, self.num_agents, self.device
         self.houses = self._sample_start()
         self.night = torch.zeros(n, dtype=torch.long, device=dev)
         self.signals = torch.zeros(n, a, dtype=torch.long, device=dev)
@@ -328,12 +332,7 @@ class BucketBrigadeEnv(VecEnv):
         if seed is not None:
             self.gen.manual_seed(seed)
         n, a, dev = self.num_envs, self.num_agents, self.device
-        self.houses = self._sample_start()
-        self.night = torch.zeros(n, dtype=torch.long, device=dev)
-        self.signals = torch.zeros(n, a, dtype=torch.long, device=dev)
-        self.locations = self.own.expand(n, a).clone()
-        self.last_actions = torch.zeros(n, a, 2, dtype=torch.long, device=dev)
-        self.ep_team_return = torch.zeros(n, dtype=torch.float32, device=dev)
+        self._new_episodes()
         obs, state = self._current()
         false = torch.zeros(n, a, dtype=torch.bool, device=dev)
         return StepRecord(
