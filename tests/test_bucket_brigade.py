@@ -7,7 +7,16 @@ import torch
 
 import phalanx.envs as penvs
 from phalanx.envs.bucket_brigade import (
-    ARCHETYPES, BURNING, REST, RUINED, SAFE, SCENARIOS, WORK, BucketBrigadeEnv, decode_houses, encode_houses,
+    ARCHETYPES,
+    BURNING,
+    REST,
+    RUINED,
+    SAFE,
+    SCENARIOS,
+    WORK,
+    BucketBrigadeEnv,
+    decode_houses,
+    encode_houses,
 )
 from phalanx.envs.spaces import MultiDiscrete
 from phalanx.errors import ConfigError

@@ -229,8 +229,9 @@ def test_memory_policy_training_forward_reproduces_the_rollout(tmp_path, model):
 
 @pytest.mark.parametrize("model", ["lstm", "transformer"])
 def test_memory_policy_resume_is_bit_identical(tmp_path, model):
-    from phalanx import checkpoint as ckpt
     from safetensors.torch import load_file
+
+    from phalanx import checkpoint as ckpt
 
     cfg = {"env": "trial_nav", "num_envs": 4, "num_steps": 16, "num_minibatches": 2, "num_epochs": 2, "model": model,
            "tf_horizon": 8, "lstm_hidden": 32, "total_steps": 4 * 16 * 4, "checkpoint_every": 64, "progress": False,
