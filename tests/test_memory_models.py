@@ -78,6 +78,11 @@ def test_sequence_forward_equals_step_replay(kind, space):
         torch.testing.assert_close(lp, step_lp[:, :, s], atol=1e-5, rtol=0)
         torch.testing.assert_close(ent, step_ent[:, :, s], atol=1e-5, rtol=0)
         torch.testing.assert_close(v, value[:, :, s], atol=1e-5, rtol=0)
+        fast_out, fast_v = m.seq(obs[:, :, s], start, resets[:, :, s], active[:, :, s], idle_outputs=False)
+        act = active[:, :, s]
+        assert torch.isfinite(fast_out).all()
+        torch.testing.assert_close(fast_out[act], seq_out[act], atol=1e-5, rtol=0)
+        torch.testing.assert_close(fast_v[act], seq_v[act], atol=1e-5, rtol=0)
         for f in before._batch_dims:  # the sequence forward leaves start_state untouched
             assert torch.equal(getattr(before, f), getattr(start, f))
 
@@ -180,3 +185,24 @@ def test_kv_cache_step_is_vectorised():
     assert counts[0] == counts[1]
     host = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "numpy"}
     assert not host & set(counts[0]), host & set(counts[0])
+
+
+@pytest.mark.parametrize("kind", ["lstm", "transformer"])
+def test_sequence_forward_is_batched_over_time(kind):
+    """Training forwards make no Python loop per step: 8x longer segments add only the log2(T)
+    rounds of the LSTM's c scan, one LSTM kernel call per segment, no host reads."""
+    m = make(kind)
+    names = {}
+    for steps in (16, 128):
+        g = torch.Generator().manual_seed(0)
+        obs = torch.randn(N, A, steps, D, generator=g)
+        resets, active = torch.rand(N, A, steps, generator=g) < 0.2, torch.rand(N, A, steps, generator=g) < 0.7
+        with _Calls() as calls:
+            out, value = m.seq(obs, m.initial_state(N * A), resets, active)
+            (out.sum() + value.sum()).backward()
+        names[steps] = calls.names
+    assert len(names[128]) - len(names[16]) <= 60, (len(names[16]), len(names[128]))
+    host = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "numpy"}
+    assert not host & set(names[128]), host & set(names[128])
+    if kind == "lstm":
+        assert names[16].count("lstm") == names[128].count("lstm") == 1

@@ -316,7 +316,8 @@ class Trainer:
             return logp, ent, self.model.value(part.critic_obs)
         slots = (part.rows.unsqueeze(1) * self.A + torch.arange(self.A, device=self.device)).reshape(-1)
         start = self.segment_start.select(slots)
-        logp, ent, value = self.model.evaluate_seq(part.obs, part.actions, start, part.resets, part.env_active)
+        logp, ent, value = self.model.evaluate_seq(part.obs, part.actions, start, part.resets, part.env_active,
+                                                     idle_outputs=False)
         if value is None:  # memoryless critic: the global state [B, T, S] -> [B, T, A] -> [B, A, T]
             value = self.model.value(part.critic_obs).transpose(-1, -2) if self.model.centralized else self.model.value(part.critic_obs)
         return logp, ent, value

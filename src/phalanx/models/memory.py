@@ -60,6 +60,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from phalanx.algo.scan import linear_scan
 from phalanx.envs.spaces import Space
 from phalanx.models.mlp import ACTIVATIONS, ActionHead, layer_init, mlp
 
@@ -108,7 +109,7 @@ class KVCache(_State):
 class _MemoryActorCritic(nn.Module):
     """Inputs, heads, critic and the public forwards; subclasses provide the memory core:
     `_step(x [B, in], state, reset [B], active [B]) -> features [B, F]` (updating state in place) and
-    `_seq(x [B, T, in], state, resets [B, T], active [B, T]) -> features [B, T, F]`."""
+    `_seq(x [B, T, in], state, resets [B, T], active [B, T], idle_outputs) -> features [B, T, F]`."""
 
     recurrent = True
 
@@ -165,18 +166,22 @@ class _MemoryActorCritic(nn.Module):
         return self.step(obs, state, active=torch.zeros(obs.shape[:-1], dtype=torch.bool, device=obs.device))[1]
 
     # -- sequence forward --------------------------------------------------------------------------
-    def seq(self, obs: torch.Tensor, start_state, resets: torch.Tensor | None = None, active: torch.Tensor | None = None):
-        """Segments obs [*B, A, T, D] -> (head output [*B, A, T, out], value [*B, A, T] | None)."""
+    def seq(self, obs: torch.Tensor, start_state, resets: torch.Tensor | None = None, active: torch.Tensor | None = None,
+            idle_outputs: bool = True):
+        """Segments obs [*B, A, T, D] -> (head output [*B, A, T, out], value [*B, A, T] | None).
+
+        `idle_outputs=False` lets a model skip the exact outputs of inactive steps (they are finite but
+        unspecified) when nothing reads them, as in the PPO loss."""
         batch = obs.shape[:-1]
         x = self._flat(obs, -3)
         n, t = x.shape[:2]
         resets = torch.zeros(n, t, dtype=torch.bool, device=x.device) if resets is None else resets.reshape(n, t)
         active = torch.ones(n, t, dtype=torch.bool, device=x.device) if active is None else active.reshape(n, t)
-        return self._heads(self._seq(x, start_state, resets, active), batch)
+        return self._heads(self._seq(x, start_state, resets, active, idle_outputs), batch)
 
-    def evaluate_seq(self, obs, actions, start_state, resets=None, active=None):
+    def evaluate_seq(self, obs, actions, start_state, resets=None, active=None, idle_outputs: bool = True):
         """-> (logprob, entropy, value | None), each [*B, A, T]."""
-        out, value = self.seq(obs, start_state, resets, active)
+        out, value = self.seq(obs, start_state, resets, active, idle_outputs)
         return self.head.log_prob(out, actions), self.head.entropy(out), value
 
     # -- memoryless critic -------------------------------------------------------------------------
@@ -215,6 +220,10 @@ class LSTMActorCritic(_MemoryActorCritic):
         self.cell = nn.LSTMCell(hidden, hidden)
         for name, p in self.cell.named_parameters():
             nn.init.orthogonal_(p, 1.0) if name.startswith("weight") else nn.init.zeros_(p)
+        # Input weights of the flush flag (gate order i, f, g, o): sigmoid(-1e4) is exactly 0.
+        flush = torch.zeros(4 * hidden)
+        flush[: 2 * hidden] = -1e4
+        self.register_buffer("flush_gates", flush, persistent=False)
 
     def initial_state(self, batch_size: int, device: torch.device | str | None = None) -> LSTMState:
         z = torch.zeros(batch_size, self.hidden, device=device, dtype=self.actor_out.weight.dtype)
@@ -231,12 +240,41 @@ class LSTMActorCritic(_MemoryActorCritic):
         st.c.copy_(c)
         return out
 
-    def _seq(self, x, st: LSTMState, resets, active):
-        e, h, c, outs = self.encoder(x), st.h, st.c, []
-        for t in range(x.shape[1]):
-            out, h, c = self._cell(e[:, t], h, c, resets[:, t], active[:, t])
-            outs.append(out)
-        return torch.stack(outs, 1)
+    def _seq(self, x, st: LSTMState, resets, active, idle_outputs=True):
+        # One fused LSTM call per segment. Each row becomes a sequence of events: a flush before every
+        # episode start (input gate and forget gate driven to exactly 0, so h = c = 0 after it), then
+        # the row's active steps; inactive steps write no memory, so they are left out and padding
+        # fills the row to 2T events. An inactive step's output applies the cell once to the state
+        # before it, whose c comes from a parallel scan of the LSTM's linear c recurrence.
+        e = self.encoder(x)
+        n, t, hid = e.shape
+        rows = torch.arange(n, device=e.device)[:, None]
+        act, rst = active.long(), resets.long()
+        step_at = rst.cumsum(1) + act.cumsum(1) - act  # event index of step t (when active)
+        length = 2 * t
+        events = e.new_zeros(n, length + 1, hid).index_put((rows.expand(n, t), torch.where(active, step_at, length)), e)
+        flush = e.new_zeros(n, length + 1).index_put((rows.expand(n, t), torch.where(resets, step_at - 1, length)),
+                                                     e.new_ones(()))
+        events = torch.cat([events, flush[..., None]], -1)[:, :length]
+        w_ih = torch.cat([self.cell.weight_ih, self.flush_gates[:, None]], 1)
+        params = [w_ih, self.cell.weight_hh, self.cell.bias_ih, self.cell.bias_hh]
+        h_ev = torch.lstm(events, (st.h[None], st.c[None]), params, True, 1, 0.0, self.training, False, True)[0]
+        h_active = h_ev[rows, step_at]
+        if not idle_outputs:
+            return torch.where(active[..., None], h_active, 0.0)
+        # c after every event: c_p = f_p * c_{p-1} + i_p * g_p with the gates recomputed from h_{p-1}.
+        h_in = torch.cat([st.h[:, None], h_ev[:, :-1]], 1)
+        ifg = slice(0, 3 * hid)
+        gates = F.linear(events, w_ih[ifg], self.cell.bias_ih[ifg] + self.cell.bias_hh[ifg])
+        i, f, g = (gates + F.linear(h_in, self.cell.weight_hh[ifg])).chunk(3, -1)
+        decay, carry = linear_scan(torch.sigmoid(f), torch.sigmoid(i) * torch.tanh(g), 1)
+        c_ev = torch.addcmul(carry, decay, st.c[:, None])
+        before = step_at - 1  # the last event before step t (-1: none, the start state)
+        first = (before < 0)[..., None]
+        h_prev = torch.where(first, st.h[:, None], h_ev[rows, before.clamp(min=0)])
+        c_prev = torch.where(first, st.c[:, None], c_ev[rows, before.clamp(min=0)])
+        h_idle = self.cell(e.reshape(n * t, hid), (h_prev.reshape(n * t, hid), c_prev.reshape(n * t, hid)))[0]
+        return torch.where(active[..., None], h_active, h_idle.reshape(n, t, hid))
 
 
 class _Block(nn.Module):
@@ -319,7 +357,7 @@ class TransformerActorCritic(_MemoryActorCritic):
         st.pos += active
         return out
 
-    def _seq(self, x, st: KVCache, resets, active):
+    def _seq(self, x, st: KVCache, resets, active, idle_outputs=True):
         n, t = x.shape[:2]
         K, dev = self.horizon, x.device
         ep = resets.long().cumsum(1)  # episode index inside the segment; 0 = the start state's episode
