@@ -1,4 +1,4 @@
-"""The `phalanx` command line: train, eval, plot, envs, bench."""
+"""The `phalanx` command line: train, eval, league, plot, envs, bench."""
 
 from __future__ import annotations
 
@@ -111,6 +111,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             if isinstance(v, float):
                 print(f"  {k:<18} {v:.3f}")
         return 0
+    if cfg.opponents:
+        return _eval_head_to_head(args, policy, common)
     table = {"learned": res}
     for name in [v.strip() for v in args.vs.split(",") if v.strip()]:
         table[name] = evaluate_policy(None if name == "random" else name, cfg.env, greedy=False, **common)
@@ -126,6 +128,88 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print(f"{'policy':<14}" + "".join(f"{h:>16}" for h in heads))
     for name, r in table.items():
         print(f"{name:<14}" + "".join(f"{r.get(c, float('nan')):>16.2f}" for c in cols))
+    return 0
+
+
+def _eval_head_to_head(args: argparse.Namespace, policy: Any, common: dict[str, Any]) -> int:
+    """A league run: the learner against each --vs opponent; the games also update the ratings."""
+    from phalanx import checkpoint as ckpt
+    from phalanx.evaluate import evaluate_policy
+    from phalanx.league import LEAGUE_FILE, Ratings, load_snapshot
+
+    cfg, run_dir = policy.config, Path(args.run_dir)
+    league_path = run_dir / LEAGUE_FILE
+    state = json.loads(league_path.read_text()) if league_path.is_file() else None
+    snapshots = sorted((o["step"], o["name"]) for o in (state or {}).get("opponents", []) if o["kind"] == "snapshot")
+    table: dict[str, Any] = {}
+    for name in [v.strip() for v in args.vs.split(",") if v.strip()]:
+        opponent: Any = name
+        if name.startswith("snapshot:"):
+            want = name.split(":", 1)[1]
+            if want == "LATEST":
+                if not snapshots:
+                    raise PhalanxError(f"run '{run_dir}' has no league snapshots for '{name}'")
+                want = snapshots[-1][1]
+            opponent = load_snapshot(run_dir, want, policy)
+            name = want
+        table[name] = r = evaluate_policy(policy, cfg.env, greedy=not args.sample, opponent=opponent, **common)
+        if state is not None and name != "random" and "wins" in r:
+            ratings = Ratings.from_json(state["ratings"])
+            ratings.record_counts(name, r["wins"], r["draws"], r["losses"])
+            state["ratings"] = ratings.to_json()
+            r["learner_rating"] = ratings.players["learner"].ordinal
+            r["opponent_rating"] = ratings.players[name].ordinal
+    if state is not None:
+        ckpt.write_json_atomic(league_path, state)
+    if args.json:
+        print(json.dumps({"vs": table}))
+        return 0
+    print(f"{cfg.env}: learner ({'sampled' if args.sample else 'greedy'}) vs each opponent, {args.episodes} matches each")
+    extra = sorted({k for r in table.values() for k in r if k.startswith("mean_") and k not in
+                    ("mean_return", "mean_agent_return", "mean_length", "mean_win", "mean_draw", "mean_loss")})
+    print(f"{'opponent':<24}{'win':>6}{'draw':>6}{'loss':>6}{'win rate [95% CI]':>22}" + "".join(f"{k[5:]:>16}" for k in extra))
+    for name, r in table.items():
+        lo, hi = r["win_rate_ci95"]
+        ci = f"{r['win_rate']:.2f} [{lo:.2f}, {hi:.2f}]"
+        print(f"{name:<24}{r['wins']:>6}{r['draws']:>6}{r['losses']:>6}{ci:>22}"
+              + "".join(f"{r.get(k, float('nan')):>16.2f}" for k in extra))
+    return 0
+
+
+def cmd_league(args: argparse.Namespace) -> int:
+    from phalanx import checkpoint as ckpt
+    from phalanx.errors import CheckpointError
+    from phalanx.league import LEAGUE_FILE, Ratings
+
+    run_dir = Path(args.run_dir)
+    path = run_dir / LEAGUE_FILE
+    try:
+        state = json.loads(path.read_text())
+    except FileNotFoundError:
+        try:
+            _, _, meta = ckpt.load_checkpoint(ckpt.latest_checkpoint(run_dir))
+        except CheckpointError:
+            raise PhalanxError(f"'{run_dir}' has no league (train with --opponents to make one)") from None
+        if "league" not in meta:
+            raise PhalanxError(f"'{run_dir}' has no league (train with --opponents to make one)") from None
+        state = meta["league"]
+    except json.JSONDecodeError as e:
+        raise PhalanxError(f"league file '{path}' is not valid JSON: {e}") from None
+    rows = Ratings.from_json(state["ratings"]).table()
+    pool = {o["name"]: o for o in state["opponents"]}
+    for r in rows:
+        o = pool.get(r["name"])
+        r["status"] = "learner" if r["name"] == "learner" else (
+            "scripted" if o and o["kind"] == "scripted" else
+            "pinned" if o and o["pinned"] else "pool" if o and not o["retired"] else "retired")
+    if args.json:
+        print(json.dumps({"step": state["step"], "ratings": rows}))
+        return 0
+    print(f"league of {run_dir} at step {state['step']:,} (rating = mu - 3 sigma, OpenSkill Plackett-Luce)")
+    print(f"{'name':<26}{'status':>9}{'rating':>9}{'mu':>8}{'sigma':>8}{'games':>8}{'learner win rate vs it':>24}")
+    for r in rows:
+        wr = "" if r["learner_win_rate"] is None else f"{r['learner_win_rate']:.2f}"
+        print(f"{r['name']:<26}{r['status']:>9}{r['rating']:>9.2f}{r['mu']:>8.2f}{r['sigma']:>8.2f}{r['games']:>8}{wr:>24}")
     return 0
 
 
@@ -186,8 +270,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     mode.add_argument("--sample", action="store_true", help="sample actions from the policy")
     pe.add_argument("--json", action="store_true", help="print one JSON object")
     pe.add_argument("--seed", type=int, default=12345)
-    pe.add_argument("--vs", metavar="NAMES", help="comma list of scripted teams (see `phalanx envs`) and/or random to compare against")
+    pe.add_argument("--vs", metavar="NAMES", help="comma list of scripted teams (see `phalanx envs`) and/or random to compare against; "
+                    "for a league run, opponents for head-to-head matches: scripted names, random, snapshot:LATEST, snapshot:NAME")
     pe.add_argument("--device", default="cpu")
+    pl = sub.add_parser("league", help="print a self-play run's rating table")
+    pl.add_argument("run_dir")
+    pl.add_argument("--json", action="store_true", help="print one JSON object")
     pp = sub.add_parser("plot", help="write a PNG of return and losses against steps")
     pp.add_argument("run_dir")
     pp.add_argument("--out", help="output PNG (default RUN_DIR/plots/learning_curve.png)")
@@ -215,6 +303,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_train(ns, [])
         if args.command == "eval":
             return cmd_eval(args)
+        if args.command == "league":
+            return cmd_league(args)
         if args.command == "plot":
             return cmd_plot(args)
         if args.command == "envs":

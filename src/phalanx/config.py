@@ -55,8 +55,9 @@ class Config:
     norm_value: bool = _f(False, "learn values in running-normalised units (default on with critic=mappo)")
     obs_clip: float = _f(10.0, "clip normalised observations to +-this", positive=True)
     # Model.
-    model: str = _f("mlp", "policy architecture (lstm / transformer: memory across an episode's steps)",
-                    choices=("mlp", "lstm", "transformer"))
+    model: str = _f("mlp", "policy architecture (lstm / transformer: memory across an episode's steps; strategy: a "
+                    "transformer over the opponent's recent steps feeding an LSTM, for two-sided games)",
+                    choices=("mlp", "lstm", "transformer", "strategy"))
     hidden_sizes: list = _f([64, 64], "hidden layer widths of the actor and critic MLPs")
     activation: str = _f("tanh", "hidden activation", choices=("tanh", "relu", "gelu", "silu"))
     init_log_std: float = _f(0.0, "initial log-std of Gaussian action heads")
@@ -65,6 +66,8 @@ class Config:
     tf_layers: int = _f(2, "transformer layers", positive=True)
     tf_heads: int = _f(4, "transformer attention heads (must divide tf_width)", positive=True)
     tf_horizon: int = _f(32, "transformer KV-cache horizon: how many past steps of the episode a step attends to", positive=True)
+    strategy_history: int = _f(90, "model=strategy: the opponent's past steps its encoder sees (split across tf_layers)",
+                               positive=True)
     trial_bootstrap: str = _f("continue", "value across a trial end: continue (RL^2-style) or stop (cut like a termination)",
                               choices=("continue", "stop"))
     # Multi-agent.
@@ -81,6 +84,16 @@ class Config:
         "", "comma list of policies for the last agent slots (scripted names from `phalanx envs`, or run:RUN_DIR for a "
         "frozen trained policy); the other slots learn"
     )
+    # Self-play league (envs with two sides: the last num_agents // 2 slots are the opponent's).
+    opponents: str = _f(
+        "", "weighted opponent mix drawn per env at each episode reset, e.g. 'self_play:8,based:1.5,constant:0.5' "
+        "(self_play: past snapshots; learner: the current policy; or a scripted name); empty: no league"
+    )
+    pool_sampling: str = _f("pfsp", "how self_play picks snapshots: uniform, latest, or pfsp (favour those the learner loses to)",
+                            choices=("uniform", "latest", "pfsp"))
+    pool_size: int = _f(8, "snapshots kept in the self-play pool (plus pinned ones)", positive=True)
+    snapshot_every: int = _f(0, "snapshot the learner into the pool every this many steps (0: every 5% of the run)", min=0)
+    pin_every: int = _f(0, "keep the snapshot taken after each multiple of this many steps forever (0: none)", min=0)
     # Run.
     run_dir: str = _f("", "run directory (default: runs/<env>-<time>)")
     checkpoint_every: int = _f(0, "write a checkpoint every this many steps (0: every 10% of the run)", min=0)

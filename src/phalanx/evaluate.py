@@ -23,12 +23,16 @@ def evaluate_policy(
     num_envs: int | None = None,
     max_steps: int = 1_000_000,
     teammates: str = "",
+    opponent: Any = None,
 ) -> dict[str, Any]:
     """Play `episodes` complete episodes.
 
     `policy` is a trained `Policy`, the name of one of the env's scripted policies (every slot
     plays it), or None for uniform random play. `teammates` (as the config key) fills the last
-    slots with other policies, for a trained policy that learned in a mixed team.
+    slots with other policies, for a trained policy that learned in a mixed team. `opponent` (a
+    scripted name, "random" or a `Policy`) plays the opponent's side (the last A // 2 slots) in
+    head-to-head matches: then per-slot metrics are the learner side's, and the result adds
+    wins / draws / losses, their rates and a 95% Wilson interval of the win rate.
     Returns the mean/median/std of the episode return (summed over agent slots: the team return),
     the mean per-agent return, mean length, success rate and the env's own episode metrics.
     """
@@ -40,6 +44,18 @@ def evaluate_policy(
         allowed = ", ".join(("random",) + tuple(x for x in env.scripted_names if x != "random"))
         raise ConfigError(f"unknown opponent/team '{policy}' for env '{env_name}'; allowed: {allowed}")
     mates = None
+    side = None
+    if opponent is not None:
+        from phalanx.league import opponent_slots
+
+        side = opponent_slots(env.num_agents, env.device)
+        if isinstance(opponent, str) and opponent != "random" and opponent not in env.scripted_names:
+            from phalanx.errors import ConfigError
+
+            raise ConfigError(f"unknown opponent '{opponent}' for env '{env_name}'; allowed: random, "
+                              f"{', '.join(env.scripted_names)}, snapshot:LATEST or snapshot:NAME")
+        if getattr(opponent, "recurrent", False):
+            opponent.reset_memory()
     if teammates and not isinstance(policy, str):
         from phalanx.train import Teammates, parse_teammates
 
@@ -52,6 +68,7 @@ def evaluate_policy(
         policy.reset_memory()
     prev_done = torch.zeros(n, env.num_agents, dtype=torch.bool, device=env.device)
     team_ret = torch.zeros(n, device=env.device)
+    slot_ret = torch.zeros(n, env.num_agents, device=env.device)
     ep_len = torch.zeros(n, device=env.device)
     rows: list[dict[str, float]] = []
     # Each env contributes its first episodes in order, so the sample is not biased toward short ones.
@@ -67,22 +84,41 @@ def evaluate_policy(
             actions = policy.act(rec.obs, greedy=greedy, generator=gen, reset=prev_done, active=rec.active)
             if mates is not None:
                 actions = mates.fill(actions, rec, gen)
+        if side is not None:
+            if opponent == "random":
+                other = random_actions(env, gen)
+            elif isinstance(opponent, str):
+                other = env.scripted_actions(opponent, rec, gen)
+            else:
+                other = opponent.act(rec.obs, greedy=False, generator=gen, reset=prev_done, active=rec.active)
+            m = side.reshape(1, -1, *([1] * (actions.dim() - 2)))
+            actions = torch.where(m, other.to(actions.dtype), actions)
         prev_active = rec.active
         rec = env.step(actions)
         prev_done = rec.terminated | rec.truncated
         steps += 1
         team_ret += (rec.reward * prev_active).sum(-1)
+        slot_ret += rec.reward * prev_active
         ep_len += 1
         env_done = ((rec.terminated | rec.truncated) | ~prev_active).all(-1)
         if bool(env_done.any()):
-            info = {k: v.float().reshape(n, -1).mean(-1).tolist() for k, v in rec.info.items()}
+            info = {k: _side_mean(v.float().reshape(n, -1), side).tolist() for k, v in rec.info.items()}
+            if side is not None:
+                from phalanx.league.league import learner_outcome
+
+                sides = torch.stack([(slot_ret * ~side).sum(-1), (slot_ret * side).sum(-1)], -1)
+                outcome = learner_outcome(rec.info, sides).tolist()
             for i in env_done.nonzero().flatten().tolist():
                 if taken[i] < quota and len(rows) < episodes:
                     row = {"return": float(team_ret[i]), "length": float(ep_len[i])}
+                    if side is not None:
+                        row["return"] = float((slot_ret[i] * ~side).sum())
+                        row["outcome"] = outcome[i]
                     row.update({k: v[i] for k, v in info.items()})
                     rows.append(row)
                     taken[i] += 1
             team_ret.masked_fill_(env_done, 0.0)
+            slot_ret.masked_fill_(env_done[:, None], 0.0)
             ep_len.masked_fill_(env_done, 0.0)
     A = env.num_agents
     success_key = env.success_key
@@ -93,16 +129,29 @@ def evaluate_policy(
         "mean_return": statistics.fmean(returns) if returns else float("nan"),
         "median_return": statistics.median(returns) if returns else float("nan"),
         "std_return": statistics.pstdev(returns) if len(returns) > 1 else 0.0,
-        "mean_agent_return": statistics.fmean(returns) / A if returns else float("nan"),
+        "mean_agent_return": statistics.fmean(returns) / (A - int(side.sum()) if side is not None else A) if returns else float("nan"),
         "mean_length": statistics.fmean(r["length"] for r in rows) if rows else float("nan"),
         "greedy": greedy,
     }
     if success_key is not None and rows and success_key in rows[0]:
         out["success_rate"] = statistics.fmean(r[success_key] for r in rows)
     for k in rows[0] if rows else ():
-        if k not in ("return", "length", success_key) and not k.startswith("episode_"):
+        if k not in ("return", "length", "outcome", success_key) and not k.startswith("episode_"):
             out[f"mean_{k}"] = statistics.fmean(r[k] for r in rows)
+    if side is not None and rows:
+        from phalanx.league.ratings import DRAW, LOSS, WIN, wilson_interval
+
+        w, d, lost = (sum(r["outcome"] == c for r in rows) for c in (WIN, DRAW, LOSS))
+        out.update({"wins": w, "draws": d, "losses": lost, "win_rate": w / len(rows), "draw_rate": d / len(rows),
+                    "loss_rate": lost / len(rows), "win_rate_ci95": list(wilson_interval(w, len(rows)))})
     return out
+
+
+def _side_mean(v: torch.Tensor, side: torch.Tensor | None) -> torch.Tensor:
+    """[n, k] info -> [n]: per-slot values averaged over the learner's side in head-to-head play."""
+    if side is None or v.shape[1] != side.shape[0]:
+        return v.mean(-1)
+    return (v * ~side).sum(-1) / (~side).sum()
 
 
 def random_actions(env: VecEnv, gen: torch.Generator) -> torch.Tensor:

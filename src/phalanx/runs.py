@@ -121,3 +121,29 @@ def truncate_metrics(run_dir: Path, max_step: int) -> None:
     tmp = path.with_name(".metrics.jsonl.tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
     os.replace(tmp, path)
+
+
+def write_metric_csvs(run_dir: Path) -> None:
+    """`reward_breakdown.csv` (the env's reward terms) and `behavior_metrics.csv` (its other episode
+    metrics and the league's win rates) per update, regenerated from metrics.jsonl, the one source
+    of truth, so a resumed run never holds rows from the steps it replays."""
+    rows = read_metrics(run_dir)
+    reward_keys = sorted({k for r in rows for k in r if k.startswith("env_reward_")})
+    behavior_keys = sorted({k for r in rows for k in r
+                            if (k.startswith("env_") and not k.startswith(("env_reward_", "env_episode_")))
+                            or k.startswith("league_win_rate_")})
+    for name, keys in (("reward_breakdown.csv", reward_keys), ("behavior_metrics.csv", behavior_keys)):
+        if not keys:
+            continue
+        derived = ["damage_ratio"] if {"env_damage_dealt", "env_damage_taken"} <= set(keys) else []
+        lines = [",".join(["step", *(k.removeprefix("env_") for k in keys), *derived])]
+        for r in rows:
+            vals = [r.get(k) for k in keys]
+            if derived:
+                dealt, taken = r.get("env_damage_dealt"), r.get("env_damage_taken")
+                vals.append(dealt / taken if dealt is not None and taken else None)
+            lines.append(",".join([str(r["step"]), *("" if v is None else f"{v:.6g}" for v in vals)]))
+        path = Path(run_dir) / name
+        tmp = path.with_name(f".{name}.tmp")
+        tmp.write_text("\n".join(lines) + "\n")
+        os.replace(tmp, path)

@@ -54,6 +54,14 @@ def build_model(cfg: Config, env: VecEnv) -> nn.Module:
                       critic_hidden=tuple(cfg.hidden_sizes))
         if cfg.model == "lstm":
             return LSTMActorCritic(obs_dim_of(env), env.action_space, hidden=cfg.lstm_hidden, activation=cfg.activation, **common)
+        if cfg.model == "strategy":
+            from phalanx.models.strategy import StrategyActorCritic
+
+            # Each layer attends `horizon` steps back, so the layers together see strategy_history steps.
+            horizon = -(-cfg.strategy_history // cfg.tf_layers)
+            return StrategyActorCritic(obs_dim_of(env), env.action_space, hidden=cfg.lstm_hidden, width=cfg.tf_width,
+                                       layers=cfg.tf_layers, heads=cfg.tf_heads, history=horizon,
+                                       activation=cfg.activation, **common)
         return TransformerActorCritic(obs_dim_of(env), env.action_space, width=cfg.tf_width, layers=cfg.tf_layers,
                                       heads=cfg.tf_heads, horizon=cfg.tf_horizon, **common)
     return MLPActorCritic(
@@ -152,6 +160,14 @@ class Trainer:
         self.norms = Normalizers(cfg, obs_dim_of(self.env), self.N, self.A, self.device)
         self.gen = torch.Generator(device=self.device)
         self.gen.manual_seed(cfg.seed + 1_000_003)
+        self.league = None
+        if cfg.opponents:
+            from phalanx.league import League, opponent_slots
+
+            if cfg.teammates:
+                raise ConfigError("config keys 'teammates' and 'opponents' both fill agent slots; set only one")
+            self.learner = ~opponent_slots(self.A, self.device)
+            self.league = League(cfg, self.env, self.run_dir, self.policy(), self.gen)
         self.global_step = 0
         self.update_idx = 0
         self.recent_returns: list[float] = []
@@ -238,6 +254,8 @@ class Trainer:
                 action, logp = self.model.act(obs_n, self.gen)
             if self.teammates.groups:
                 action = self.teammates.fill(action, rec, self.gen)
+            if self.league is not None:
+                action = self.league.fill(action, rec)
             acting = rec.active & learner
             b["obs"][t] = obs_n
             if "states" in b:
@@ -272,13 +290,16 @@ class Trainer:
                 self.team_return.masked_fill_(env_done, 0.0)
             else:
                 env_done = done.squeeze(-1)
+            if self.league is not None:
+                sides = torch.stack([(self.ep_return * learner).sum(-1), (self.ep_return * ~learner).sum(-1)], -1)
+                self.league.after_step(rec, env_done, sides)
             for k, v in rec.info.items():
                 if k in ("episode_return", "episode_length") and k != self.env.success_key:
                     continue  # tracked above, per agent slot
                 key = f"info_{k}"
                 if key not in stats:
                     stats[key] = zero()
-                stats[key] += (v.float().reshape(self.N, -1).mean(-1) * env_done).sum()
+                stats[key] += (self._learner_mean(v) * env_done).sum()
             self.ep_return.masked_fill_(done, 0.0)
             self.ep_length.masked_fill_(done, 0.0)
             if self.cfg.team_reward > 0:
@@ -294,6 +315,13 @@ class Trainer:
             obs_n = next_n
         self.record = rec
         return stats
+
+    def _learner_mean(self, v: torch.Tensor) -> torch.Tensor:
+        """An info value per env [N]: per-slot values [N, A] averaged over the learner's slots."""
+        v = v.float().reshape(self.N, -1)
+        if v.shape[1] == self.A and self.A > 1:
+            return (v * self.learner).sum(-1) / self.learner.sum()
+        return v.mean(-1)
 
     def _final_values(self, rec, next_value: torch.Tensor) -> torch.Tensor:
         """V(final_obs): equal to V(next obs) except where an episode was truncated (terminated
@@ -392,6 +420,8 @@ class Trainer:
             out["trainer.prev_done"] = self.prev_done
             for k in dataclasses.fields(self.memory):
                 out[f"memory.{k.name}"] = getattr(self.memory, k.name)
+        if self.league is not None:
+            out.update(self.league.state_tensors())
         out["trainer.rng"] = generator_state(self.gen)
         out["torch.rng"] = torch.get_rng_state()
         return out
@@ -411,10 +441,19 @@ class Trainer:
             "python_rng": [py_state[0], list(py_state[1]), py_state[2]],
             "numpy_rng": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
         }
+        if self.league is not None:
+            meta["league"] = self.league.state_json(self.global_step)
         path = ckpt.save_checkpoint(
             self.run_dir, self.global_step, self.model.state_dict(), self.state_tensors(), meta, self.cfg.keep_checkpoints
         )
         self._last_ckpt_step = self.global_step
+        if self.league is not None:
+            from phalanx.league import LEAGUE_FILE
+
+            (self.run_dir / LEAGUE_FILE).parent.mkdir(parents=True, exist_ok=True)
+            ckpt.write_json_atomic(self.run_dir / LEAGUE_FILE, meta["league"])
+            self.league.prune_files()
+        runs.write_metric_csvs(self.run_dir)
         return path
 
     def restore(self, path: Path) -> None:
@@ -444,6 +483,8 @@ class Trainer:
         if self.recurrent:
             self.prev_done = state_t["trainer.prev_done"].to(dev)
             self.memory = type(self.memory)(**{k.name: state_t[f"memory.{k.name}"].to(dev) for k in dataclasses.fields(self.memory)})
+        if self.league is not None:
+            self.league.load(self._league_state(path, meta), state_t)
         set_generator_state(self.gen, state_t["trainer.rng"])
         torch.set_rng_state(state_t["torch.rng"])
         self.global_step = int(meta["global_step"])
@@ -454,6 +495,22 @@ class Trainer:
         random.setstate((pr[0], tuple(pr[1]), pr[2]))
         nr = meta["numpy_rng"]
         np.random.set_state((nr[0], np.array(nr[1], dtype=np.uint32), nr[2], nr[3], nr[4]))
+
+    def _league_state(self, path: Path, meta: dict[str, Any]) -> dict[str, Any]:
+        """The league state saved with the checkpoint, or league.json where it is the same step's
+        state plus the games `phalanx eval` rated since."""
+        from phalanx.league import LEAGUE_FILE
+
+        if "league" not in meta:
+            raise CheckpointError(f"checkpoint '{path}' has no league state; was the run trained without 'opponents'?")
+        live = self.run_dir / LEAGUE_FILE
+        try:
+            data = json.loads(live.read_text())
+            if data.get("step") == meta["global_step"]:
+                return data
+        except (OSError, json.JSONDecodeError):
+            pass
+        return meta["league"]
 
     # -- loop ------------------------------------------------------------------------------------
     def _open_logs(self) -> None:
@@ -472,7 +529,12 @@ class Trainer:
             for k, v in row.items():
                 if k in ("step", "update") or v is None:
                     continue
-                group = "charts" if k.startswith(("episode", "team", "env_", "success", "sps", "lr")) else "losses"
+                if k.startswith("env_reward_"):
+                    group = "reward_terms"
+                elif k.startswith("league_"):
+                    group = "league"
+                else:
+                    group = "charts" if k.startswith(("episode", "team", "env_", "success", "sps", "lr")) else "losses"
                 self.writer.add_scalar(f"{group}/{k}", v, step)
 
     def _save_nonfinite(self, metrics: dict[str, float]) -> Path:
@@ -523,6 +585,8 @@ class Trainer:
                         row[f"env_{k}"] = v / team_eps
                 if team_eps > 0 and self.env.success_key in info:
                     row["success_rate"] = info[self.env.success_key] / team_eps
+                if self.league is not None:
+                    row.update(self.league.end_update(self.global_step, self.model, self.norms.obs))
                 nonfinite = row_vals.pop("nonfinite")
                 row.update({k: v for k, v in row_vals.items()})
                 row["lr"] = self.optimizer.param_groups[0]["lr"]

@@ -41,9 +41,13 @@ States (dataclasses, batch axis = flattened slots):
 
 Semantics shared by both models: a position is the number of *active* steps earlier in the same
 episode (inactive steps write nothing, so they do not advance it). A transformer token attends to
-itself and to the last `horizon` active tokens of its own episode (so `horizon` past tokens).
+itself and to the last `horizon` active tokens of its own episode (so `horizon` past tokens) in every
+layer; stacked, an output depends on the last `layers * horizon` active steps.
 The KV cache holds keys/values computed with the parameters of the rollout, like the stored LSTM
 state; no gradient flows into the stored memory.
+
+The memory cores are components too: `LSTMCore` (an `nn.LSTMCell` with the step and fused sequence
+forwards) and `CausalTransformerCore`; models/strategy.py combines both.
 
 Critic: with `memory_critic` (the default unless `state_dim` is given) a value head reads the memory
 features, and `act_step` / `evaluate_seq` return values. Otherwise the critic is a memoryless MLP
@@ -172,12 +176,16 @@ class _MemoryActorCritic(nn.Module):
 
         `idle_outputs=False` lets a model skip the exact outputs of inactive steps (they are finite but
         unspecified) when nothing reads them, as in the PPO loss."""
-        batch = obs.shape[:-1]
+        x, resets, active = self._seq_inputs(obs, resets, active)
+        return self._heads(self._seq(x, start_state, resets, active, idle_outputs), obs.shape[:-1])
+
+    def _seq_inputs(self, obs, resets, active):
+        """Segments [*B, A, T, ...] -> the core's inputs x [B, T, in], resets and active [B, T]."""
         x = self._flat(obs, -3)
         n, t = x.shape[:2]
         resets = torch.zeros(n, t, dtype=torch.bool, device=x.device) if resets is None else resets.reshape(n, t)
         active = torch.ones(n, t, dtype=torch.bool, device=x.device) if active is None else active.reshape(n, t)
-        return self._heads(self._seq(x, start_state, resets, active, idle_outputs), batch)
+        return x, resets, active
 
     def evaluate_seq(self, obs, actions, start_state, resets=None, active=None, idle_outputs: bool = True):
         """-> (logprob, entropy, value | None), each [*B, A, T]."""
@@ -195,6 +203,73 @@ class _MemoryActorCritic(nn.Module):
         else:
             x = self._with_id(critic_in, -2) if self.agent_id else critic_in
         return self.critic(x).squeeze(-1)
+
+
+class LSTMCore(nn.LSTMCell):
+    """An LSTM cell (orthogonal weights, zero biases) with the memory forwards over encoded inputs:
+    `step(e [B, in], state, reset, active) -> h [B, H]`, updating `state` in place, and the fused
+    `seq(e [B, T, in], state, resets, active, idle_outputs) -> h [B, T, H]`."""
+
+    def __init__(self, input_size: int, hidden_size: int):
+        super().__init__(input_size, hidden_size)
+        for name, p in self.named_parameters():
+            nn.init.orthogonal_(p, 1.0) if name.startswith("weight") else nn.init.zeros_(p)
+        # Input weights of the flush flag (gate order i, f, g, o): sigmoid(-1e4) is exactly 0.
+        flush = torch.zeros(4 * hidden_size)
+        flush[: 2 * hidden_size] = -1e4
+        self.register_buffer("flush_gates", flush, persistent=False)
+
+    def initial_state(self, batch_size: int, device: torch.device | str | None = None) -> LSTMState:
+        z = torch.zeros(batch_size, self.hidden_size, device=device, dtype=self.weight_ih.dtype)
+        return LSTMState(z, z.clone())
+
+    def _cell(self, e, h, c, reset, active):
+        h, c = h.masked_fill(reset[:, None], 0.0), c.masked_fill(reset[:, None], 0.0)
+        h2, c2 = self(e, (h, c))
+        return h2, torch.where(active[:, None], h2, h), torch.where(active[:, None], c2, c)
+
+    def step(self, e: torch.Tensor, st: LSTMState, reset: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+        out, h, c = self._cell(e, st.h, st.c, reset, active)
+        st.h.copy_(h)
+        st.c.copy_(c)
+        return out
+
+    def seq(self, e: torch.Tensor, st: LSTMState, resets: torch.Tensor, active: torch.Tensor,
+            idle_outputs: bool = True) -> torch.Tensor:
+        # One fused LSTM call per segment. Each row becomes a sequence of events: a flush before every
+        # episode start (input gate and forget gate driven to exactly 0, so h = c = 0 after it), then
+        # the row's active steps; inactive steps write no memory, so they are left out and padding
+        # fills the row to 2T events. An inactive step's output applies the cell once to the state
+        # before it, whose c comes from a parallel scan of the LSTM's linear c recurrence.
+        n, t, d = e.shape
+        hid = self.hidden_size
+        rows = torch.arange(n, device=e.device)[:, None]
+        act, rst = active.long(), resets.long()
+        step_at = rst.cumsum(1) + act.cumsum(1) - act  # event index of step t (when active)
+        length = 2 * t
+        events = e.new_zeros(n, length + 1, d).index_put((rows.expand(n, t), torch.where(active, step_at, length)), e)
+        flush = e.new_zeros(n, length + 1).index_put((rows.expand(n, t), torch.where(resets, step_at - 1, length)),
+                                                     e.new_ones(()))
+        events = torch.cat([events, flush[..., None]], -1)[:, :length]
+        w_ih = torch.cat([self.weight_ih, self.flush_gates[:, None]], 1)
+        params = [w_ih, self.weight_hh, self.bias_ih, self.bias_hh]
+        h_ev = torch.lstm(events, (st.h[None], st.c[None]), params, True, 1, 0.0, self.training, False, True)[0]
+        h_active = h_ev[rows, step_at]
+        if not idle_outputs:
+            return torch.where(active[..., None], h_active, 0.0)
+        # c after every event: c_p = f_p * c_{p-1} + i_p * g_p with the gates recomputed from h_{p-1}.
+        h_in = torch.cat([st.h[:, None], h_ev[:, :-1]], 1)
+        ifg = slice(0, 3 * hid)
+        gates = F.linear(events, w_ih[ifg], self.bias_ih[ifg] + self.bias_hh[ifg])
+        i, f, g = (gates + F.linear(h_in, self.weight_hh[ifg])).chunk(3, -1)
+        decay, carry = linear_scan(torch.sigmoid(f), torch.sigmoid(i) * torch.tanh(g), 1)
+        c_ev = torch.addcmul(carry, decay, st.c[:, None])
+        before = step_at - 1  # the last event before step t (-1: none, the start state)
+        first = (before < 0)[..., None]
+        h_prev = torch.where(first, st.h[:, None], h_ev[rows, before.clamp(min=0)])
+        c_prev = torch.where(first, st.c[:, None], c_ev[rows, before.clamp(min=0)])
+        h_idle = self(e.reshape(n * t, d), (h_prev.reshape(n * t, hid), c_prev.reshape(n * t, hid)))[0]
+        return torch.where(active[..., None], h_active, h_idle.reshape(n, t, hid))
 
 
 class LSTMActorCritic(_MemoryActorCritic):
@@ -217,64 +292,16 @@ class LSTMActorCritic(_MemoryActorCritic):
                          init_log_std, memory_critic, critic_hidden)
         self.hidden = hidden
         self.encoder = nn.Sequential(layer_init(nn.Linear(self.in_dim, hidden)), ACTIVATIONS[activation]())
-        self.cell = nn.LSTMCell(hidden, hidden)
-        for name, p in self.cell.named_parameters():
-            nn.init.orthogonal_(p, 1.0) if name.startswith("weight") else nn.init.zeros_(p)
-        # Input weights of the flush flag (gate order i, f, g, o): sigmoid(-1e4) is exactly 0.
-        flush = torch.zeros(4 * hidden)
-        flush[: 2 * hidden] = -1e4
-        self.register_buffer("flush_gates", flush, persistent=False)
+        self.cell = LSTMCore(hidden, hidden)
 
     def initial_state(self, batch_size: int, device: torch.device | str | None = None) -> LSTMState:
-        z = torch.zeros(batch_size, self.hidden, device=device, dtype=self.actor_out.weight.dtype)
-        return LSTMState(z, z.clone())
-
-    def _cell(self, e, h, c, reset, active):
-        h, c = h.masked_fill(reset[:, None], 0.0), c.masked_fill(reset[:, None], 0.0)
-        h2, c2 = self.cell(e, (h, c))
-        return h2, torch.where(active[:, None], h2, h), torch.where(active[:, None], c2, c)
+        return self.cell.initial_state(batch_size, device)
 
     def _step(self, x, st: LSTMState, reset, active):
-        out, h, c = self._cell(self.encoder(x), st.h, st.c, reset, active)
-        st.h.copy_(h)
-        st.c.copy_(c)
-        return out
+        return self.cell.step(self.encoder(x), st, reset, active)
 
     def _seq(self, x, st: LSTMState, resets, active, idle_outputs=True):
-        # One fused LSTM call per segment. Each row becomes a sequence of events: a flush before every
-        # episode start (input gate and forget gate driven to exactly 0, so h = c = 0 after it), then
-        # the row's active steps; inactive steps write no memory, so they are left out and padding
-        # fills the row to 2T events. An inactive step's output applies the cell once to the state
-        # before it, whose c comes from a parallel scan of the LSTM's linear c recurrence.
-        e = self.encoder(x)
-        n, t, hid = e.shape
-        rows = torch.arange(n, device=e.device)[:, None]
-        act, rst = active.long(), resets.long()
-        step_at = rst.cumsum(1) + act.cumsum(1) - act  # event index of step t (when active)
-        length = 2 * t
-        events = e.new_zeros(n, length + 1, hid).index_put((rows.expand(n, t), torch.where(active, step_at, length)), e)
-        flush = e.new_zeros(n, length + 1).index_put((rows.expand(n, t), torch.where(resets, step_at - 1, length)),
-                                                     e.new_ones(()))
-        events = torch.cat([events, flush[..., None]], -1)[:, :length]
-        w_ih = torch.cat([self.cell.weight_ih, self.flush_gates[:, None]], 1)
-        params = [w_ih, self.cell.weight_hh, self.cell.bias_ih, self.cell.bias_hh]
-        h_ev = torch.lstm(events, (st.h[None], st.c[None]), params, True, 1, 0.0, self.training, False, True)[0]
-        h_active = h_ev[rows, step_at]
-        if not idle_outputs:
-            return torch.where(active[..., None], h_active, 0.0)
-        # c after every event: c_p = f_p * c_{p-1} + i_p * g_p with the gates recomputed from h_{p-1}.
-        h_in = torch.cat([st.h[:, None], h_ev[:, :-1]], 1)
-        ifg = slice(0, 3 * hid)
-        gates = F.linear(events, w_ih[ifg], self.cell.bias_ih[ifg] + self.cell.bias_hh[ifg])
-        i, f, g = (gates + F.linear(h_in, self.cell.weight_hh[ifg])).chunk(3, -1)
-        decay, carry = linear_scan(torch.sigmoid(f), torch.sigmoid(i) * torch.tanh(g), 1)
-        c_ev = torch.addcmul(carry, decay, st.c[:, None])
-        before = step_at - 1  # the last event before step t (-1: none, the start state)
-        first = (before < 0)[..., None]
-        h_prev = torch.where(first, st.h[:, None], h_ev[rows, before.clamp(min=0)])
-        c_prev = torch.where(first, st.c[:, None], c_ev[rows, before.clamp(min=0)])
-        h_idle = self.cell(e.reshape(n * t, hid), (h_prev.reshape(n * t, hid), c_prev.reshape(n * t, hid)))[0]
-        return torch.where(active[..., None], h_active, h_idle.reshape(n, t, hid))
+        return self.cell.seq(self.encoder(x), st, resets, active, idle_outputs)
 
 
 class _Block(nn.Module):
@@ -285,34 +312,21 @@ class _Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(width, 4 * width), ACTIVATIONS[activation](), nn.Linear(4 * width, width))
 
 
-class TransformerActorCritic(_MemoryActorCritic):
-    """Causal pre-LayerNorm transformer over each slot's episode, sinusoidal positions within the
-    episode, a `horizon`-token KV cache per layer; see the module docstring for the semantics."""
+class _CausalTransformer:
+    """Causal pre-LayerNorm transformer over a token stream per slot, sinusoidal positions within the
+    episode, a `horizon`-token KV cache per layer (semantics in the module docstring). A mixin on an
+    nn.Module, so that TransformerActorCritic keeps its parameter names (embed, blocks, ln_f) and
+    CausalTransformerCore offers the same machinery as a component:
+    `_step(x [B, in], cache, reset, active) -> [B, W]` (updating `cache` in place) and
+    `_seq(x [B, T, in], cache, resets, active) -> [B, T, W]`."""
 
-    def __init__(
-        self,
-        obs_dim: int,
-        action_space: Space,
-        width: int = 64,
-        layers: int = 2,
-        heads: int = 4,
-        horizon: int = 32,
-        activation: str = "gelu",
-        num_agents: int = 1,
-        agent_id: bool = False,
-        state_dim: int | None = None,
-        init_log_std: float = 0.0,
-        memory_critic: bool | None = None,
-        critic_hidden: tuple[int, ...] = (64, 64),
-    ):
+    def _build(self, in_dim: int, width: int, layers: int, heads: int, horizon: int, activation: str) -> None:
         if width % heads or width % 2:
             raise ValueError(f"width {width} must be even and divisible by heads {heads}")
         if horizon < 1:
             raise ValueError("horizon must be at least 1")
-        super().__init__(obs_dim, action_space, width, activation, num_agents, agent_id, state_dim,
-                         init_log_std, memory_critic, critic_hidden)
         self.width, self.num_layers, self.heads, self.horizon = width, layers, heads, horizon
-        self.embed = nn.Linear(self.in_dim, width)
+        self.embed = nn.Linear(in_dim, width)
         self.blocks = nn.ModuleList(_Block(width, activation) for _ in range(layers))
         self.ln_f = nn.LayerNorm(width)
         freq = torch.exp(torch.arange(0, width, 2, dtype=torch.float32) * (-math.log(10000.0) / width))
@@ -375,3 +389,48 @@ class TransformerActorCritic(_MemoryActorCritic):
         to_seg = to_seg | torch.eye(t, dtype=torch.bool, device=dev)  # always itself: no empty row
         mask = torch.cat([to_cache, to_seg], 2)[:, None]
         return self._layers(self._tokens(x, pos), st, mask)
+
+
+class CausalTransformerCore(_CausalTransformer, nn.Module):
+    """The causal transformer of TransformerActorCritic as a component over any token stream
+    x [..., in]: `initial_state`, `step` and `seq` follow the memory-model semantics of resets and
+    inactive steps. Each layer's token attends to itself and the last `horizon` active tokens of its
+    episode, so the output at step t depends on the last `layers * horizon` active steps."""
+
+    def __init__(self, in_dim: int, width: int = 64, layers: int = 2, heads: int = 4, horizon: int = 32,
+                 activation: str = "gelu"):
+        super().__init__()
+        self._build(in_dim, width, layers, heads, horizon, activation)
+
+    def step(self, x: torch.Tensor, cache: KVCache, reset: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+        """x [B, in] -> [B, W]; writes the active tokens into `cache` (in place)."""
+        return self._step(x, cache, reset, active)
+
+    def seq(self, x: torch.Tensor, cache: KVCache, resets: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+        """x [B, T, in] -> [B, T, W] from the state `cache` before the first step (left untouched)."""
+        return self._seq(x, cache, resets, active)
+
+
+class TransformerActorCritic(_CausalTransformer, _MemoryActorCritic):
+    """Causal pre-LayerNorm transformer over each slot's episode, sinusoidal positions within the
+    episode, a `horizon`-token KV cache per layer; see the module docstring for the semantics."""
+
+    def __init__(
+        self,
+        obs_dim: int,
+        action_space: Space,
+        width: int = 64,
+        layers: int = 2,
+        heads: int = 4,
+        horizon: int = 32,
+        activation: str = "gelu",
+        num_agents: int = 1,
+        agent_id: bool = False,
+        state_dim: int | None = None,
+        init_log_std: float = 0.0,
+        memory_critic: bool | None = None,
+        critic_hidden: tuple[int, ...] = (64, 64),
+    ):
+        super().__init__(obs_dim, action_space, width, activation, num_agents, agent_id, state_dim,
+                         init_log_std, memory_critic, critic_hidden)
+        self._build(self.in_dim, width, layers, heads, horizon, activation)

@@ -1,0 +1,320 @@
+"""The opponent league of a training run: snapshots of the learner kept on disk, a weighted mix of
+opponents drawn per env at episode resets, batched opponent actions, and ratings.
+
+Slots: the last `num_agents // 2` agent slots of every env are the opponent's side, the others
+the learner's. Each env plays one opponent at a time (`assign[env]`), swapped only where the env's
+episode ended. Mix entries (config key `opponents`, e.g. `self_play:8,based:1.5,constant:0.5`):
+
+- `self_play`: past snapshots, weighted by `pool_sampling` (uniform, latest, or pfsp:
+  prioritized fictitious self-play, weight (1 - learner's score vs it)^2 + 0.05); with no snapshot
+  yet, the current learner plays instead.
+- `learner`: the current learner (its memory kept separately from the learner's own).
+- a scripted policy of the env (`phalanx envs` lists them).
+
+Outcomes come from the env's `win` / `draw` info of the learner's first slot where it has them,
+else from comparing the two sides' episode returns.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from phalanx.errors import CheckpointError, ConfigError
+from phalanx.league.ratings import DRAW, LEARNER, LOSS, WIN, Ratings
+
+SELF_PLAY = "self_play"
+SNAPSHOT_DIR = "league/snapshots"
+LEAGUE_FILE = "league/league.json"
+
+
+def parse_mix(text: str, scripted: tuple[str, ...]) -> list[tuple[str, float]]:
+    """'self_play:8,based:1.5' -> [(name, weight)]; errors name the config key and allowed values."""
+    allowed = (SELF_PLAY, LEARNER, *scripted)
+    out: list[tuple[str, float]] = []
+    for part in [p.strip() for p in text.split(",") if p.strip()]:
+        name, _, w = part.partition(":")
+        name = name.strip()
+        if name not in allowed:
+            raise ConfigError(f"config key 'opponents' has unknown opponent '{name}'; allowed: {', '.join(allowed)}")
+        try:
+            weight = float(w) if w.strip() else 1.0
+        except ValueError:
+            raise ConfigError(f"config key 'opponents': weight of '{name}' must be a number, got {w!r}") from None
+        if not weight >= 0:
+            raise ConfigError(f"config key 'opponents': weight of '{name}' must be >= 0, got {weight}")
+        out.append((name, weight))
+    if not out or sum(w for _, w in out) <= 0:
+        raise ConfigError("config key 'opponents' needs at least one opponent with a positive weight")
+    return out
+
+
+@dataclasses.dataclass
+class Opponent:
+    name: str
+    kind: str  # "scripted" | "learner" | "snapshot"
+    policy: Any = None  # a phalanx.policy.Policy for learner / snapshots
+    step: int = 0
+    pinned: bool = False
+    retired: bool = False  # out of the pool: no new games, kept until no env plays it
+
+
+def snapshot_path(run_dir: Path, name: str) -> Path:
+    return Path(run_dir) / SNAPSHOT_DIR / f"{name}.safetensors"
+
+
+def save_snapshot(run_dir: Path, name: str, model: torch.nn.Module, obs_rms: Any) -> Path:
+    """Write the learner's weights and observation statistics atomically (tmp file + rename)."""
+    path = snapshot_path(run_dir, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
+    if obs_rms is not None:
+        tensors.update({f"obs_rms.{k}": v for k, v in obs_rms.state_dict().items()})
+    tmp = path.with_name(f".{path.name}.tmp")
+    save_file({k: v.detach().cpu().clone().contiguous() for k, v in tensors.items()}, str(tmp))
+    tmp.replace(path)
+    return path
+
+
+def load_snapshot(run_dir: Path, name: str, learner_policy: Any) -> Any:
+    """A frozen `Policy` with a snapshot's weights, built like the learner's policy."""
+    from phalanx.policy import Policy
+
+    path = snapshot_path(run_dir, name)
+    try:
+        tensors = load_file(str(path))
+    except FileNotFoundError:
+        raise CheckpointError(f"league snapshot '{path}' is missing") from None
+    except Exception as e:  # safetensors raises several types for damaged files
+        raise CheckpointError(f"league snapshot '{path}' is unreadable: {e}") from None
+    model = copy.deepcopy(learner_policy.model)
+    dev = next(model.parameters()).device
+    try:
+        model.load_state_dict({k[6:]: v.to(dev) for k, v in tensors.items() if k.startswith("model.")})
+    except RuntimeError as e:
+        raise CheckpointError(f"league snapshot '{path}' does not fit this model: {str(e).splitlines()[0]}") from None
+    model.eval().requires_grad_(False)
+    rms = None
+    if learner_policy.obs_rms is not None:
+        rms = copy.deepcopy(learner_policy.obs_rms)
+        rms.load_state_dict({k[8:]: v.to(dev) for k, v in tensors.items() if k.startswith("obs_rms.")})
+    return Policy(model, rms, learner_policy.config, learner_policy.observation_space, learner_policy.action_space)
+
+
+def opponent_slots(num_agents: int, device: torch.device) -> torch.Tensor:
+    """[A] bool: the opponent's side (the last A // 2 slots)."""
+    if num_agents < 2:
+        raise ConfigError("config key 'opponents' needs an env with at least 2 agent slots (one per side)")
+    return torch.arange(num_agents, device=device) >= num_agents - num_agents // 2
+
+
+def learner_outcome(info: dict[str, torch.Tensor], side_returns: torch.Tensor) -> torch.Tensor:
+    """[N] outcome code (WIN / DRAW / LOSS) for the learner's side.
+
+    `side_returns` [N, 2] = (learner side, opponent side) episode returns, used without win info.
+    """
+    if "win" in info and "draw" in info:
+        win, draw = info["win"], info["draw"]
+        win = win[:, 0] if win.dim() == 2 else win
+        draw = draw[:, 0] if draw.dim() == 2 else draw
+        return torch.where(win > 0.5, WIN, torch.where(draw > 0.5, DRAW, LOSS))
+    diff = side_returns[:, 0] - side_returns[:, 1]
+    return torch.where(diff > 0, WIN, torch.where(diff == 0, DRAW, LOSS))
+
+
+class League:
+    """Opponents for the opponent slots of every env, sampled per episode; see the module docstring."""
+
+    def __init__(self, cfg: Any, env: Any, run_dir: Path, learner_policy: Any, generator: torch.Generator):
+        self.cfg, self.env, self.run_dir, self.gen = cfg, env, Path(run_dir), generator
+        self.device, self.N = env.device, env.num_envs
+        self.slots = opponent_slots(env.num_agents, env.device)
+        self.mix = dict(parse_mix(cfg.opponents, env.scripted_names))
+        self.learner_policy = learner_policy
+        self.ratings = Ratings()
+        self.opponents: list[Opponent] = [Opponent(n, "scripted") for n in self.mix if n not in (SELF_PLAY, LEARNER)]
+        self.learner_as_opponent = copy.copy(learner_policy)  # same weights, its own memory
+        self.opponents.append(Opponent(LEARNER, "learner", self.learner_as_opponent))
+        for o in self.opponents:
+            if o.kind == "scripted":
+                self.ratings.ensure(o.name)
+        self.snapshot_every = cfg.snapshot_every or max(cfg.batch_size, cfg.total_steps // 20)
+        self.last_snapshot_step = 0
+        self._refresh()
+        self.assign = torch.multinomial(self.weights, self.N, replacement=True, generator=self.gen)
+        self.reset_next = torch.ones(self.N, dtype=torch.bool, device=self.device)
+        self.in_use = set(range(len(self.opponents)))
+
+    # -- sampling ------------------------------------------------------------------------------------
+    def _snapshot_weights(self, snaps: list[int]) -> list[float]:
+        mode = self.cfg.pool_sampling
+        if mode == "uniform":
+            return [1.0] * len(snaps)
+        if mode == "latest":
+            newest = max(snaps, key=lambda i: self.opponents[i].step)
+            return [1.0 if i == newest else 0.0 for i in snaps]
+        out = []
+        for i in snaps:  # pfsp: favour snapshots the learner does not yet beat
+            p = self.ratings.players.get(self.opponents[i].name)
+            n = p.learner_wins + p.learner_draws + p.learner_losses if p else 0
+            score = (p.learner_wins + 0.5 * p.learner_draws) / n if n else 0.5
+            out.append((1.0 - score) ** 2 + 0.05)
+        return out
+
+    def _refresh(self) -> None:
+        """Recompute the sampling weights over `self.opponents` (host side; between updates)."""
+        w = [0.0] * len(self.opponents)
+        for i, o in enumerate(self.opponents):
+            if o.kind == "scripted":
+                w[i] = self.mix[o.name]
+            elif o.kind == "learner":
+                w[i] = self.mix.get(LEARNER, 0.0)
+        snaps = [i for i, o in enumerate(self.opponents) if o.kind == "snapshot" and not o.retired]
+        sp = self.mix.get(SELF_PLAY, 0.0)
+        if sp > 0:
+            if not snaps:
+                w[self._index(LEARNER)] += sp
+            else:
+                sw = self._snapshot_weights(snaps)
+                total = sum(sw)
+                for i, x in zip(snaps, sw):
+                    w[i] = sp * x / total
+        self.weights = torch.tensor(w, dtype=torch.float32, device=self.device)
+        self.counts = torch.zeros(len(self.opponents), 3, device=self.device)
+
+    def _index(self, name: str) -> int:
+        return next(i for i, o in enumerate(self.opponents) if o.name == name)
+
+    # -- rollout (on the device, no host reads) ---------------------------------------------------------
+    def fill(self, actions: torch.Tensor, record: Any) -> torch.Tensor:
+        """Replace the opponent slots' actions: one batched forward per opponent in play."""
+        reset = self.reset_next[:, None].expand(self.N, self.slots.shape[0])
+        for i in sorted(self.in_use):
+            o = self.opponents[i]
+            if o.kind == "scripted":
+                other = self.env.scripted_actions(o.name, record, self.gen)
+            else:
+                other = o.policy.act(record.obs, greedy=False, generator=self.gen, reset=reset, active=record.active)
+            m = (self.slots[None, :] & (self.assign == i)[:, None]).reshape(self.N, -1, *([1] * (actions.dim() - 2)))
+            actions = torch.where(m, other.to(actions.dtype), actions)
+        self.reset_next = torch.zeros_like(self.reset_next)
+        return actions
+
+    def after_step(self, record: Any, env_done: torch.Tensor, side_returns: torch.Tensor) -> None:
+        """Count finished games by opponent and draw new opponents where episodes ended."""
+        outcome = learner_outcome(record.info, side_returns)
+        self.counts.index_put_((self.assign, outcome), env_done.float(), accumulate=True)
+        fresh = torch.multinomial(self.weights, self.N, replacement=True, generator=self.gen)
+        self.assign = torch.where(env_done, fresh, self.assign)
+        self.reset_next = env_done
+
+    # -- between updates (host) -------------------------------------------------------------------------
+    def end_update(self, step: int, model: torch.nn.Module, obs_rms: Any) -> dict[str, float]:
+        """Rate the update's games, snapshot the learner when due, retire old snapshots.
+
+        Returns per-opponent metrics for the log (`league_win_rate_<name>`, `league_games`).
+        """
+        counts = torch.cat([self.counts, torch.bincount(self.assign, minlength=len(self.opponents))[:, None].float()], 1)
+        rows = counts.tolist()  # the league's one host read per update
+        metrics: dict[str, float] = {}
+        by_kind: dict[str, list[int]] = {}
+        for o, (w, d, lo, _) in zip(self.opponents, rows):
+            w, d, lo = int(w), int(d), int(lo)
+            if w + d + lo == 0:
+                continue
+            key = SELF_PLAY if o.kind == "snapshot" else o.name  # per-snapshot figures live in the ratings
+            tot = by_kind.setdefault(key, [0, 0, 0])
+            tot[0], tot[1], tot[2] = tot[0] + w, tot[1] + d, tot[2] + lo
+            if o.kind != "learner":
+                self.ratings.record_counts(o.name, w, d, lo)
+        for key, (w, d, lo) in by_kind.items():
+            metrics[f"league_win_rate_{key}"] = (w + 0.5 * d) / (w + d + lo)
+        metrics["league_games"] = float(sum(sum(v) for v in by_kind.values()))
+        metrics["league_rating"] = self.ratings.players[LEARNER].ordinal
+        self.in_use = {i for i, (row, wt) in enumerate(zip(rows, self.weights.tolist())) if row[3] > 0 or wt > 0}
+        if self.mix.get(SELF_PLAY, 0.0) > 0 and step - self.last_snapshot_step >= self.snapshot_every:
+            self.snapshot(step, model, obs_rms)
+        self._drop_unused()
+        self._refresh()
+        return metrics
+
+    def snapshot(self, step: int, model: torch.nn.Module, obs_rms: Any) -> Opponent:
+        name = f"snapshot_{step:012d}"
+        save_snapshot(self.run_dir, name, model, obs_rms)
+        pin = self.cfg.pin_every > 0 and (step // self.cfg.pin_every) > (self.last_snapshot_step // self.cfg.pin_every)
+        opp = Opponent(name, "snapshot", load_snapshot(self.run_dir, name, self.learner_policy), step, pinned=pin)
+        self.opponents.append(opp)
+        self.ratings.ensure(name, like=LEARNER)
+        self.last_snapshot_step = step
+        pool = [o for o in self.opponents if o.kind == "snapshot" and not o.retired and not o.pinned]
+        for old in pool[: max(0, len(pool) - self.cfg.pool_size)]:
+            old.retired = True
+        self.in_use.add(len(self.opponents) - 1)
+        return opp
+
+    def _drop_unused(self) -> None:
+        """Forget retired snapshots no env plays any more (their ratings stay in the table)."""
+        keep = [i for i, o in enumerate(self.opponents) if not (o.retired and i not in self.in_use)]
+        if len(keep) == len(self.opponents):
+            return
+        remap = torch.full((len(self.opponents),), -1, dtype=torch.long, device=self.device)
+        remap[torch.tensor(keep, device=self.device)] = torch.arange(len(keep), device=self.device)
+        self.assign = remap[self.assign]
+        self.in_use = {keep.index(i) for i in self.in_use if i in keep}
+        self.opponents = [self.opponents[i] for i in keep]
+
+    # -- persistence ------------------------------------------------------------------------------------
+    def state_json(self, step: int) -> dict[str, Any]:
+        return {
+            "step": step,
+            "last_snapshot_step": self.last_snapshot_step,
+            "opponents": [{"name": o.name, "kind": o.kind, "step": o.step, "pinned": o.pinned, "retired": o.retired}
+                          for o in self.opponents],
+            "ratings": self.ratings.to_json(),
+            "in_use": sorted(self.in_use),
+        }
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        out = {"league.assign": self.assign, "league.reset_next": self.reset_next}
+        for i, o in enumerate(self.opponents):
+            mem = getattr(o.policy, "memory", None) if o.policy is not None else None
+            if mem is not None:
+                for f in dataclasses.fields(mem):
+                    out[f"league.memory.{i}.{f.name}"] = getattr(mem, f.name)
+        return out
+
+    def load(self, data: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+        """Restore from a checkpoint's league state (snapshots are reloaded from their files)."""
+        self.ratings = Ratings.from_json(data["ratings"])
+        self.last_snapshot_step = int(data["last_snapshot_step"])
+        opponents = []
+        for d in data["opponents"]:
+            if d["kind"] == "snapshot":
+                policy = load_snapshot(self.run_dir, d["name"], self.learner_policy)
+            elif d["kind"] == "learner":
+                policy = self.learner_as_opponent
+            else:
+                policy = None
+            opponents.append(Opponent(d["name"], d["kind"], policy, d["step"], d["pinned"], d["retired"]))
+        self.opponents = opponents
+        dev = self.device
+        self.assign = tensors["league.assign"].to(dev)
+        self.reset_next = tensors["league.reset_next"].to(dev)
+        for i, o in enumerate(self.opponents):
+            fields = {k.rsplit(".", 1)[1]: v.to(dev) for k, v in tensors.items() if k.startswith(f"league.memory.{i}.")}
+            if fields and o.policy is not None:
+                o.policy.memory = type(self.learner_policy.model.initial_state(1, dev))(**fields)
+        self.in_use = set(data["in_use"])
+        self._refresh()
+
+    def prune_files(self) -> None:
+        """Delete snapshot files no opponent refers to (after the state naming them was saved)."""
+        names = {o.name for o in self.opponents if o.kind == "snapshot"}
+        for path in (self.run_dir / SNAPSHOT_DIR).glob("snapshot_*.safetensors"):
+            if path.stem not in names:
+                path.unlink(missing_ok=True)
