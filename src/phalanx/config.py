@@ -57,10 +57,12 @@ class Config:
     # Model.
     model: str = _f("mlp", "policy architecture (lstm / transformer: memory across an episode's steps; strategy: a "
                     "transformer over the opponent's recent steps feeding an LSTM, for two-sided games)",
-                    choices=("mlp", "lstm", "transformer", "strategy"))
+                    choices=("mlp", "lstm", "transformer", "strategy", "cnn"))
     hidden_sizes: list = _f([64, 64], "hidden layer widths of the actor and critic MLPs")
     activation: str = _f("tanh", "hidden activation", choices=("tanh", "relu", "gelu", "silu"))
     init_log_std: float = _f(0.0, "initial log-std of Gaussian action heads")
+    cnn_dense: int = _f(512, "image policies (model=cnn, or lstm / transformer on images): width of the dense layer "
+                        "after the three conv layers", positive=True)
     lstm_hidden: int = _f(128, "LSTM width (model=lstm)", positive=True)
     tf_width: int = _f(64, "transformer width (model=transformer)", positive=True)
     tf_layers: int = _f(2, "transformer layers", positive=True)

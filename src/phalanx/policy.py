@@ -37,6 +37,8 @@ class Policy:
 
     def preprocess(self, obs: torch.Tensor) -> torch.Tensor:
         """[*batch, *obs_shape] -> normalised float features [*batch, obs_dim]."""
+        if getattr(self.model, "obs_is_image", False):
+            return obs.to(self.device)  # pixels as they are; the CNN scales them
         nd = len(self.observation_space.shape)
         x = obs.to(self.device).float()
         x = x.reshape(*x.shape[: x.dim() - nd], -1)

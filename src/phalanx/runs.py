@@ -147,3 +147,17 @@ def write_metric_csvs(run_dir: Path) -> None:
         tmp = path.with_name(f".{name}.tmp")
         tmp.write_text("\n".join(lines) + "\n")
         os.replace(tmp, path)
+
+
+def free_memory_bytes(device: torch.device) -> int | None:
+    """Free memory of a device (CUDA: the driver's figure; CPU: MemAvailable), None if unknown."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    if device.type == "cpu":
+        try:
+            for line in Path("/proc/meminfo").read_text().splitlines():
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+        except OSError:
+            return None
+    return None

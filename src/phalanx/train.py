@@ -40,10 +40,16 @@ def state_dim_of(env: VecEnv) -> int | None:
     return int(math.prod(env.state_space.shape)) if env.state_space is not None else None
 
 
+def is_image_env(env: VecEnv) -> bool:
+    return len(env.observation_space.shape) == 3
+
+
 def build_model(cfg: Config, env: VecEnv) -> nn.Module:
     if cfg.critic == "mappo" and env.state_space is None:
         raise ConfigError(f"config key 'critic' is 'mappo' but env '{cfg.env}' has no global state; use ippo")
     roles = env.roles.detach().cpu() if cfg.param_sharing == "per_role" else None
+    if cfg.model == "cnn" or (is_image_env(env) and cfg.model in ("lstm", "transformer")):
+        return _build_cnn(cfg, env, roles)
     if cfg.model != "mlp":
         from phalanx.models.memory import LSTMActorCritic, TransformerActorCritic
 
@@ -69,6 +75,27 @@ def build_model(cfg: Config, env: VecEnv) -> nn.Module:
         num_agents=env.num_agents, agent_id=cfg.param_sharing == "shared_id", roles=roles,
         state_dim=state_dim_of(env) if cfg.critic == "mappo" else None, init_log_std=cfg.init_log_std,
     )
+
+
+def _build_cnn(cfg: Config, env: VecEnv, roles: torch.Tensor | None) -> nn.Module:
+    from phalanx.models.cnn import CNNActorCritic, CNNMemoryActorCritic
+
+    if not is_image_env(env):
+        raise ConfigError(f"config key 'model' is cnn but env '{cfg.env}' has flat observations "
+                          f"{tuple(env.observation_space.shape)}; allowed for it: mlp, lstm, transformer")
+    if cfg.critic == "mappo" or roles is not None:
+        raise ConfigError("image policies use a per-agent critic and shared parameters: set critic ippo, param_sharing shared or shared_id")
+    if cfg.norm_obs:
+        raise ConfigError("config key 'norm_obs' must be false for image observations (the CNN scales pixels itself)")
+    shape = tuple(env.observation_space.shape)
+    high = float(env.observation_space.high_tensor("cpu").max())
+    common = dict(num_agents=env.num_agents, agent_id=cfg.param_sharing == "shared_id", init_log_std=cfg.init_log_std)
+    if cfg.model == "cnn":
+        return CNNActorCritic(shape, env.action_space, out_dim=cfg.cnn_dense, hidden_sizes=(), max_value=high, **common)
+    core = dict(hidden=cfg.lstm_hidden) if cfg.model == "lstm" else dict(width=cfg.tf_width, layers=cfg.tf_layers,
+                                                                           heads=cfg.tf_heads, horizon=cfg.tf_horizon)
+    return CNNMemoryActorCritic(shape, env.action_space, core=cfg.model, out_dim=cfg.cnn_dense, max_value=high,
+                                critic_hidden=tuple(cfg.hidden_sizes), **core, **common)
 
 
 def parse_teammates(teammates: str, env: VecEnv) -> list[str]:
@@ -153,6 +180,7 @@ class Trainer:
         self.env = make(cfg.env, num_envs=cfg.num_envs, device=self.device, seed=cfg.seed, **cfg.env_options)
         self.N, self.A = self.env.num_envs, self.env.num_agents
         self.model = build_model(cfg, self.env).to(self.device)
+        self.image = getattr(self.model, "obs_is_image", False)
         self.teammates = Teammates(parse_teammates(cfg.teammates, self.env), self.env, self.device)
         self.learner = self.teammates.learner
         self.params = [p for p in self.model.parameters() if p.requires_grad]
@@ -186,30 +214,42 @@ class Trainer:
         self._last_ckpt_step = 0
 
     # -- buffers ---------------------------------------------------------------------------------
-    def _alloc_buffers(self) -> None:
-        T, N, A, dev = self.cfg.num_steps, self.N, self.A, self.device
+    def buffer_specs(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """Name -> (shape, dtype) of every rollout buffer; image observations stay uint8."""
+        T, N, A = self.cfg.num_steps, self.N, self.A
         space = self.env.action_space
-        act_shape = space.shape
         act_dtype = torch.float32 if isinstance(space, Box) else torch.long
-        self.buf = {
-            "obs": torch.zeros(T, N, A, obs_dim_of(self.env), device=dev),
-            "actions": torch.zeros(T, N, A, *act_shape, dtype=act_dtype, device=dev),
-            "logprobs": torch.zeros(T, N, A, device=dev),
-            "values": torch.zeros(T, N, A, device=dev),
-            "next_values": torch.zeros(T, N, A, device=dev),
-            "rewards": torch.zeros(T, N, A, device=dev),
-            "terminated": torch.zeros(T, N, A, dtype=torch.bool, device=dev),
-            "truncated": torch.zeros(T, N, A, dtype=torch.bool, device=dev),
-            "active": torch.zeros(T, N, A, dtype=torch.bool, device=dev),
-            "trial_end": torch.zeros(T, N, A, dtype=torch.bool, device=dev),
-        }
+        obs = ((T, N, A, *self.env.observation_space.shape), torch.uint8) if self.image else ((T, N, A, obs_dim_of(self.env)), torch.float32)
+        specs = {"obs": obs, "actions": ((T, N, A, *space.shape), act_dtype)}
+        for k in ("logprobs", "values", "next_values", "rewards"):
+            specs[k] = ((T, N, A), torch.float32)
+        for k in ("terminated", "truncated", "active", "trial_end"):
+            specs[k] = ((T, N, A), torch.bool)
         if getattr(self.model, "recurrent", False):
-            self.buf["resets"] = torch.zeros(T, N, A, dtype=torch.bool, device=dev)
-            self.buf["env_active"] = torch.zeros(T, N, A, dtype=torch.bool, device=dev)
+            specs["resets"] = specs["env_active"] = ((T, N, A), torch.bool)
         if self.model.centralized:
-            self.buf["states"] = torch.zeros(T, N, state_dim_of(self.env), device=dev)
+            specs["states"] = ((T, N, state_dim_of(self.env)), torch.float32)
+        return specs
+
+    def buffer_bytes(self) -> int:
+        return sum(math.prod(shape) * torch.empty((), dtype=dt).element_size() for shape, dt in self.buffer_specs().values())
+
+    def _alloc_buffers(self) -> None:
+        need = self.buffer_bytes()
+        free = runs.free_memory_bytes(self.device)
+        if self.cfg.progress:
+            print(f"rollout buffer: {need / 2**20:,.1f} MiB on {self.device}"
+                  + (f" ({free / 2**20:,.0f} MiB free)" if free is not None else ""), file=sys.stderr, flush=True)
+        if free is not None and need > 0.8 * free:
+            raise ConfigError(
+                f"the rollout buffer needs {need / 2**20:,.0f} MiB but {self.device} has {free / 2**20:,.0f} MiB free; "
+                f"lower num_envs ({self.cfg.num_envs}) or num_steps ({self.cfg.num_steps})"
+            )
+        self.buf = {k: torch.zeros(shape, dtype=dt, device=self.device) for k, (shape, dt) in self.buffer_specs().items()}
 
     def _obs_in(self, obs: torch.Tensor, update: bool = False, mask: torch.Tensor | None = None, rows: int | None = None) -> torch.Tensor:
+        if self.image:
+            return obs  # uint8 pixels; the CNN scales them
         x = obs.reshape(rows or self.N, self.A, -1).float()
         if self.norms.obs is None:
             return x
