@@ -57,14 +57,18 @@ class Config:
     # Model.
     model: str = _f("mlp", "policy architecture (lstm / transformer: memory across an episode's steps; strategy: a "
                     "transformer over the opponent's recent steps feeding an LSTM, for two-sided games)",
-                    choices=("mlp", "lstm", "transformer", "strategy", "cnn"))
+                    choices=("mlp", "lstm", "transformer", "strategy", "cnn", "role_attention"))
     hidden_sizes: list = _f([64, 64], "hidden layer widths of the actor and critic MLPs")
     activation: str = _f("tanh", "hidden activation", choices=("tanh", "relu", "gelu", "silu"))
     init_log_std: float = _f(0.0, "initial log-std of Gaussian action heads")
+    relay_mass: float = _f(0.4, "model=role_attention: attention mass of the relay pool (the other roles share the rest; "
+                           "1.0 goes to a lone pool)", min=0.0)
+    relay_floor: float = _f(0.05, "model=role_attention: the least attention weight of every present relay", min=0.0)
+    attn_temperature: float = _f(1.0, "model=role_attention: softmax temperature of the neighbour attention", positive=True)
     cnn_dense: int = _f(512, "image policies (model=cnn, or lstm / transformer on images): width of the dense layer "
                         "after the three conv layers", positive=True)
     lstm_hidden: int = _f(128, "LSTM width (model=lstm)", positive=True)
-    tf_width: int = _f(64, "transformer width (model=transformer)", positive=True)
+    tf_width: int = _f(64, "transformer width (model=transformer; also the strategy encoder and role attention)", positive=True)
     tf_layers: int = _f(2, "transformer layers", positive=True)
     tf_heads: int = _f(4, "transformer attention heads (must divide tf_width)", positive=True)
     tf_horizon: int = _f(32, "transformer KV-cache horizon: how many past steps of the episode a step attends to", positive=True)

@@ -50,6 +50,22 @@ def build_model(cfg: Config, env: VecEnv) -> nn.Module:
     roles = env.roles.detach().cpu() if cfg.param_sharing == "per_role" else None
     if cfg.model == "cnn" or (is_image_env(env) and cfg.model in ("lstm", "transformer")):
         return _build_cnn(cfg, env, roles)
+    if cfg.model == "role_attention":
+        from phalanx.models.role_attention import RoleAttentionActorCritic
+
+        if roles is not None:
+            raise ConfigError("config key 'param_sharing' cannot be per_role with model=role_attention (roles enter as "
+                              "embeddings); use shared or shared_id")
+        if cfg.relay_mass > 1.0:
+            raise ConfigError(f"config key 'relay_mass' must be in [0, 1], got {cfg.relay_mass}")
+        relays = tuple(i for i, n in enumerate(env.role_names) if n == "relay")
+        return RoleAttentionActorCritic(
+            obs_dim_of(env), env.action_space, env.roles.detach().cpu(), len(env.role_names), relay_roles=relays,
+            width=cfg.tf_width, heads=cfg.tf_heads, hidden_sizes=tuple(cfg.hidden_sizes), activation=cfg.activation,
+            agent_id=cfg.param_sharing == "shared_id", state_dim=state_dim_of(env) if cfg.critic == "mappo" else None,
+            init_log_std=cfg.init_log_std, masses=(1.0 - cfg.relay_mass, cfg.relay_mass), relay_floor=cfg.relay_floor,
+            temperature=cfg.attn_temperature,
+        )
     if cfg.model != "mlp":
         from phalanx.models.memory import LSTMActorCritic, TransformerActorCritic
 
