@@ -203,6 +203,11 @@ def test_weapon_pickup_boosts_damage_and_throw_and_drop():
         env.step(_keys(1))
     assert env.st["damage"][0, 1] == 10.0 and env.st["w_state"][0] == 0
     assert not env.holding().any()
+    # A second pickup in the same life pays nothing (no farming of the respawning weapon).
+    env.set_weapon(LYING, x=float(env.st["x"][0, 0]))
+    rec = env.step(_keys(1, (0, PICKUP)))
+    assert env.holding()[0].tolist() == [True, False] and rec.reward[0, 0].abs() < 0.5
+    env.set_weapon(0, timer=10_000)
     # KO'd while holding: the drop term.
     env.set_weapon(HELD, owner=1)
     env.set_fighters(x=torch.tensor([-2.0, -15.0]))

@@ -100,6 +100,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
     policy = load(args.run_dir, device=args.device)
     cfg = policy.config
     common = dict(env_options=cfg.env_options, episodes=args.episodes, seed=args.seed, device=policy.device)
+    if args.record:
+        from phalanx.record import record_episode
+
+        opponent = None
+        if cfg.opponents:  # a league run: the first --vs opponent, else the env's first scripted one
+            names = [v.strip() for v in (args.vs or "").split(",") if v.strip()]
+            opponent = names[0] if names else "random"
+        info = record_episode(policy, cfg.env, args.record, cfg.env_options, greedy=not args.sample, seed=args.seed,
+                              opponent=opponent, device=policy.device)
+        print(f"recorded {info['steps']} steps ({info['frames']} frames, return {info['return']:.2f}) to {info['path']}",
+              file=sys.stderr)
     res = evaluate_policy(policy, cfg.env, greedy=not args.sample, teammates=cfg.teammates, **common)
     if not args.vs:
         if args.json:
@@ -273,6 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pe.add_argument("--vs", metavar="NAMES", help="comma list of scripted teams (see `phalanx envs`) and/or random to compare against; "
                     "for a league run, opponents for head-to-head matches: scripted names, random, snapshot:LATEST, snapshot:NAME")
     pe.add_argument("--device", default="cpu")
+    pe.add_argument("--record", metavar="FILE", help="also write one episode as an animation (.gif, or .mp4 with imageio-ffmpeg)")
     pl = sub.add_parser("league", help="print a self-play run's rating table")
     pl.add_argument("run_dir")
     pl.add_argument("--json", action="store_true", help="print one JSON object")

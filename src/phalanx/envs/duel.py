@@ -69,7 +69,8 @@ weight x raw value:
     win           50    x +1 winner / -1 loser / 0 draw, on the match's last step
     knockout       8    x +1 when the opponent is KO'd (any KO, self-destructs included), -1 when KO'd
     combo          5    x hits landed on a victim already in hitstun
-    weapon_pickup 10    x 1 per pickup
+    weapon_pickup 10    x 1 for the first pickup of each life (a stock): the weapon respawns, and paying
+                          every pickup let a learner farm it instead of fighting (+70 a match)
     weapon_drop  -15    x 1 per weapon lost by being KO'd while holding it
 The continuous terms are rates per second (times dt = 1/30), so they shape without swamping events.
 
@@ -156,7 +157,7 @@ REWARD_WEIGHTS = (0.5, 1.0, -0.04, -0.01, 50.0, 8.0, 5.0, 10.0, -15.0)
 
 FIGHTER_FLOAT = ("x", "y", "vx", "vy", "facing", "damage", "dodge_dir", "spawn_x")
 FIGHTER_LONG = ("platform", "jumps", "recoveries", "jump_cd", "dodge_timer", "stun", "stocks", "ko_timer", "move", "move_t", "combo")
-FIGHTER_BOOL = ("grounded", "move_up", "move_hit")
+FIGHTER_BOOL = ("grounded", "move_up", "move_hit", "pickup_paid")
 
 
 def mirror_features(f: torch.Tensor) -> torch.Tensor:
@@ -281,7 +282,7 @@ class DuelEnv(VecEnv):
             "platform": zl.clone(), "jumps": zl + MAX_JUMPS, "recoveries": zl + 1, "jump_cd": zl.clone(),
             "dodge_timer": zl.clone(), "stun": zl.clone(), "stocks": zl + self.stocks, "ko_timer": zl.clone(),
             "move": zl.clone(), "move_t": zl.clone(), "combo": zl.clone(),
-            "grounded": ~zb, "move_up": zb.clone(), "move_hit": zb.clone(),
+            "grounded": ~zb, "move_up": zb.clone(), "move_hit": zb.clone(), "pickup_paid": zb.clone(),
             "w_state": torch.full((n,), LYING, dtype=torch.long, device=dev),
             "w_x": WEAPON_X_RANGE[0] + (WEAPON_X_RANGE[1] - WEAPON_X_RANGE[0]) * rnd[:, 2],
             "w_y": torch.zeros(n, dtype=torch.float32, device=dev),
@@ -498,8 +499,9 @@ class DuelEnv(VecEnv):
         )
         events = {
             "taken": taken, "dealt": flip(taken), "ko": out.float(), "combo": combo_hits,
-            "pickup": picked.float(), "drop": dropped.float(), "danger": danger,
+            "pickup": (picked & ~s["pickup_paid"]).float(), "drop": dropped.float(), "danger": danger,
         }
+        s["pickup_paid"] = (s["pickup_paid"] | picked) & ~out
         return s, events
 
     # --- observations -----------------------------------------------------------------------------

@@ -1,0 +1,84 @@
+"""Episode recordings: play one episode and write its frames as a GIF (or MP4 where imageio's
+ffmpeg plugin is installed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from phalanx.envs import make
+from phalanx.errors import PhalanxError
+
+
+@torch.no_grad()
+def record_episode(policy: Any, env_name: str, path: str | Path, env_options: dict[str, Any] | None = None,
+                   greedy: bool = True, seed: int = 12345, max_steps: int = 3000, fps: int = 15,
+                   opponent: Any = None, device: str | torch.device = "cpu") -> dict[str, Any]:
+    """Play env 0's first episode with `policy` (a `Policy`, a scripted name, or None for random;
+    `opponent` plays the opponent's side as in `evaluate_policy`) and write every frame to `path`."""
+    from phalanx.evaluate import random_actions
+
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in (".gif", ".mp4"):
+        raise PhalanxError(f"--record '{path}': the file must end in .gif or .mp4")
+    env = make(env_name, num_envs=1, device=device, seed=seed, **(env_options or {}))
+    if not callable(getattr(env, "render", None)):
+        raise PhalanxError(f"env '{env_name}' cannot render, so it cannot be recorded")
+    side = None
+    if opponent is not None:
+        from phalanx.league import opponent_slots
+
+        side = opponent_slots(env.num_agents, env.device)
+    gen = torch.Generator(device=env.device)
+    gen.manual_seed(seed)
+    rec = env.reset(seed=seed)
+    if getattr(policy, "recurrent", False):
+        policy.reset_memory()
+    frames = [env.render(0)]
+    prev_done = torch.zeros(1, env.num_agents, dtype=torch.bool, device=env.device)
+    total = 0.0
+    for step in range(max_steps):
+        if policy is None:
+            actions = random_actions(env, gen)
+        elif isinstance(policy, str):
+            actions = env.scripted_actions(policy, rec, gen)
+        else:
+            actions = policy.act(rec.obs, greedy=greedy, generator=gen, reset=prev_done, active=rec.active)
+        if side is not None:
+            if opponent == "random":
+                other = random_actions(env, gen)
+            elif isinstance(opponent, str):
+                other = env.scripted_actions(opponent, rec, gen)
+            else:
+                other = opponent.act(rec.obs, greedy=False, generator=gen, reset=prev_done, active=rec.active)
+            actions = torch.where(side.reshape(1, -1, *([1] * (actions.dim() - 2))), other.to(actions.dtype), actions)
+        prev_active = rec.active
+        rec = env.step(actions)
+        total += float((rec.reward * prev_active).sum())
+        prev_done = rec.terminated | rec.truncated
+        if bool((prev_done | ~prev_active).all()):
+            break
+        frames.append(env.render(0))
+    env.close()
+    _write(path, [f.cpu().numpy() for f in frames], fps)
+    return {"path": str(path), "frames": len(frames), "steps": step + 1, "return": total}
+
+
+def _write(path: Path, frames: list, fps: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix.lower() == ".mp4":
+        try:
+            import imageio.v3 as iio
+        except ImportError:
+            raise PhalanxError("writing .mp4 needs imageio with its ffmpeg plugin (pip install imageio[ffmpeg]); use .gif") from None
+        iio.imwrite(path, frames, fps=fps)
+        return
+    from PIL import Image
+
+    images = [Image.fromarray(f) for f in frames]
+    tmp = path.with_name(f".{path.name}.tmp")
+    images[0].save(tmp, format="GIF", save_all=True, append_images=images[1:], duration=max(1, 1000 // fps), loop=0)
+    tmp.replace(path)
