@@ -3,10 +3,12 @@
 # Registration side effects: each module registers its environments.
 from phalanx.envs import bucket_brigade as _bucket_brigade  # noqa: F401,E402
 from phalanx.envs import cartpole as _cartpole  # noqa: F401,E402
+from phalanx.envs import drone_swarm as _drone_swarm  # noqa: F401,E402
 from phalanx.envs import duel as _duel  # noqa: F401,E402
 from phalanx.envs import gym_adapter as _gym_adapter  # noqa: F401,E402
 from phalanx.envs import pendulum as _pendulum  # noqa: F401,E402
 from phalanx.envs import pettingzoo_adapter as _pettingzoo_adapter  # noqa: F401,E402
+from phalanx.envs import pixel_goal as _pixel_goal  # noqa: F401,E402
 from phalanx.envs import trial_nav as _trial_nav  # noqa: F401,E402
 from phalanx.envs.base import StepRecord, VecEnv
 from phalanx.envs.pettingzoo_adapter import to_pettingzoo

@@ -436,6 +436,61 @@ class BucketBrigadeEnv(VecEnv):
         self.ep_team_return = state["ep_team_return"].to(device=dev, dtype=torch.float32).reshape(n).clone()
         set_generator_state(self.gen, state["rng"])
 
+    # --- rendering --------------------------------------------------------------------------------
+    def render(self, env_index: int = 0) -> torch.Tensor:
+        """Env `env_index` now: uint8 [256, 240, 3] on the CPU.
+
+        The 10 houses on a ring, house 0 at the top, clockwise: green Safe, orange with a flame
+        Burning, dark grey Ruined; a stripe under a house in its owner's colour. Each agent is a dot
+        in its colour inside the ring at the house it stands at (last night's location): filled with a
+        black rim when it WORKed last night, hollow when it RESTed. The bar at the bottom is the night
+        out of `max_nights`."""
+        import math
+
+        from phalanx.envs import draw
+
+        w, h, cx, cy, radius = 240, 256, 120.0, 120.0, 92.0
+        houses = self.houses[env_index].tolist()
+        signals = self.signals[env_index].tolist()
+        locations = self.locations[env_index].tolist()
+        img = draw.canvas(h, w, (245, 242, 232))
+        draw.ring(img, cx, cy, radius + 1, (215, 208, 190), width=3.0)
+        body = {SAFE: (120, 180, 110), BURNING: (240, 120, 40), RUINED: (85, 75, 70)}
+        roof = {SAFE: (70, 130, 70), BURNING: (200, 45, 30), RUINED: (50, 45, 40)}
+
+        def spot(house: int, r: float) -> tuple[float, float, float]:
+            a = -math.pi / 2 + 2 * math.pi * house / NUM_HOUSES
+            return cx + r * math.cos(a), cy + r * math.sin(a), a
+
+        for i, state in enumerate(houses):
+            hx, hy, _ = spot(i, radius)
+            draw.fill_rect(img, hx - 11, hy - 6, hx + 11, hy + 12, body[state])
+            draw.fill_polygon(img, ((hx - 14, hy - 6), (hx + 14, hy - 6), (hx, hy - 19)), roof[state])
+            if state == BURNING:
+                draw.fill_circle(img, hx, hy - 20, 6.0, (255, 200, 50))
+                draw.fill_circle(img, hx, hy - 18, 3.0, (255, 245, 180))
+            elif state == RUINED:
+                draw.draw_line(img, hx - 8, hy - 3, hx + 8, hy + 9, (30, 25, 20), width=2.0)
+            if i < self.num_agents:
+                draw.fill_rect(img, hx - 11, hy + 14, hx + 11, hy + 17, draw.slot_color(i))
+        crowd = [0] * NUM_HOUSES
+        for i, (loc, sig) in enumerate(zip(locations, signals)):
+            k = crowd[loc]
+            crowd[loc] += 1
+            ax, ay, a = spot(loc, 62.0 - 12.0 * (k // 3))
+            off = ((k % 3) - 1) * 12.0
+            ax, ay = ax - off * math.sin(a), ay + off * math.cos(a)
+            color = draw.slot_color(i)
+            if sig == WORK:
+                draw.fill_circle(img, ax, ay, 5.5, (20, 20, 20))
+                draw.fill_circle(img, ax, ay, 4.0, color)
+            else:
+                draw.fill_circle(img, ax, ay, 5.5, color)
+                draw.fill_circle(img, ax, ay, 3.0, (255, 255, 255))
+        frac = float(self.night[env_index]) / self.max_nights
+        draw.bar(img, 12, h - 16, w - 12, h - 8, frac, (60, 60, 140), back=(215, 208, 190))
+        return draw.to_tensor(img)
+
 
 register(
     EnvSpec(

@@ -168,6 +168,33 @@ class CartPoleEnv(ClassicEnv):
     def _observe(self, state: torch.Tensor) -> torch.Tensor:
         return state.float()
 
+    def render(self, env_index: int = 0) -> torch.Tensor:
+        """Side view of env `env_index`'s cart and pole: uint8 [200, 320, 3] on the CPU.
+
+        The track spans 1.2 x the +-2.4 termination bounds (red ticks); the bar at the bottom is
+        the time used of the step limit."""
+        from phalanx.envs import draw
+
+        w, h, track_y = 320, 200, 150.0
+        scale = w / (2 * X_THRESHOLD * 1.2)
+        x, _, theta, _ = self.physics_state[env_index].tolist()
+        img = draw.canvas(h, w, (255, 255, 255))
+        draw.fill_rect(img, 0, track_y, w, track_y + 2, (40, 40, 40))
+        for side in (-1, 1):
+            tx = w / 2 + side * X_THRESHOLD * scale
+            draw.fill_rect(img, tx - 1, track_y - 10, tx + 1, track_y + 10, (210, 50, 50))
+        cx = w / 2 + x * scale
+        cart_w, cart_h = 0.5 * scale, 0.3 * scale
+        draw.fill_rect(img, cx - cart_w / 2, track_y - cart_h, cx + cart_w / 2, track_y, (30, 30, 30))
+        axle_y = track_y - cart_h
+        pole = 2 * LENGTH * scale
+        tip_x, tip_y = cx + pole * math.sin(theta), axle_y - pole * math.cos(theta)
+        draw.draw_line(img, cx, axle_y, tip_x, tip_y, (202, 152, 101), width=0.12 * scale)
+        draw.fill_circle(img, cx, axle_y, 0.05 * scale, (129, 132, 203))
+        frac = float(self.elapsed[env_index]) / self.max_steps
+        draw.bar(img, 10, h - 14, w - 10, h - 8, frac, (90, 150, 220), back=(225, 225, 225))
+        return draw.to_tensor(img)
+
 
 register(
     EnvSpec(

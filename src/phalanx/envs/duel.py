@@ -657,6 +657,92 @@ class DuelEnv(VecEnv):
         self.st = {k: state[k].to(device=self.device, dtype=v.dtype).reshape(v.shape).clone() for k, v in self.st.items()}
         set_generator_state(self.gen, state["rng"])
 
+    # --- rendering --------------------------------------------------------------------------------
+    def render(self, env_index: int = 0) -> torch.Tensor:
+        """Side view of env `env_index`'s match in world coordinates (slot 0 blue, slot 1 red, neither
+        mirrored): uint8 [200, 308, 3] on the CPU, 11 px per stage unit, the image edges at the blast
+        bounds (danger zones tinted).
+
+        Below a 24-px HUD (match time bar; per fighter its stocks as pips and its damage as a bar,
+        full at 200): the main stage (solid down to the bottom), the two floating platforms, the
+        fighters as 0.8 x 1.0 boxes with an eye on the facing side (paler when stunned, faint when
+        dodging, not drawn while KO'd), a started move's hitbox (yellow while active, faint before
+        and after), and the weapon as a gold square (lying, flying with a trail, or in a hand)."""
+        from phalanx.envs import draw
+
+        scale, hud = 11.0, 24
+        w, h = int(2 * BOUND_X * scale), hud + int(2 * BOUND_Y * scale)
+        st = {k: v[env_index].tolist() for k, v in self.st.items() if k not in ("ep_terms",)}
+
+        def px(x: float) -> float:
+            return (x + BOUND_X) * scale
+
+        def py(y: float) -> float:
+            return hud + (BOUND_Y - y) * scale
+
+        def box(x: float, y: float, hw: float, hh: float, rgb, alpha: float = 1.0) -> None:
+            draw.fill_rect(img, px(x - hw), py(y + hh), px(x + hw), py(y - hh), rgb, alpha)
+
+        img = draw.canvas(h, w, (205, 225, 245))
+        danger = (235, 120, 120)
+        draw.fill_rect(img, 0, hud, px(-10.0), h, danger, 0.25)
+        draw.fill_rect(img, px(10.0), hud, w, h, danger, 0.25)
+        draw.fill_rect(img, px(-10.0), hud, px(10.0), py(5.0), danger, 0.25)
+        draw.fill_rect(img, px(-10.0), py(-5.0), px(10.0), h, danger, 0.25)
+        (m0, m1, mtop), *floating = PLATFORMS
+        draw.fill_rect(img, px(m0), py(mtop), px(m1), h, (115, 100, 85))
+        draw.fill_rect(img, px(m0), py(mtop), px(m1), py(mtop - 0.3), (90, 160, 80))
+        for x0, x1, top in floating:
+            draw.fill_rect(img, px(x0), py(top), px(x1), py(top - 0.3), (145, 120, 95))
+
+        colors = ((50, 100, 220), (215, 60, 50))
+        holder = st["w_owner"] if st["w_state"] == HELD else -1
+        for f in range(2):
+            x, y, facing = st["x"][f], st["y"][f], st["facing"][f]
+            if st["ko_timer"][f] > 0:
+                continue
+            cy = y + BODY_HH
+            move = st["move"][f]
+            if move != NONE:
+                dx, dy, hw, hh = MOVE_BOX[move]
+                reach = WEAPON_REACH if holder == f else 0.0
+                lo, hi = MOVE_ACT[move]
+                active = lo <= st["move_t"][f] < hi
+                box(x + facing * (dx + reach), cy + dy, hw + reach, hh, (250, 215, 40), 0.7 if active else 0.2)
+            color = colors[f]
+            if st["stun"][f] > 0:
+                color = draw.mix(color, (255, 255, 255), 0.5)
+            dodging = st["dodge_timer"][f] > DODGE_COOLDOWN - DODGE_ACTIVE
+            box(x, cy, BODY_HW, BODY_HH, color, 0.35 if dodging else 1.0)
+            draw.fill_circle(img, px(x + facing * 0.2), py(y + 0.72), 0.14 * scale, (255, 255, 255))
+            draw.fill_circle(img, px(x + facing * 0.25), py(y + 0.72), 0.07 * scale, (20, 20, 20))
+        if st["w_state"] != ABSENT and not (holder >= 0 and st["ko_timer"][holder] > 0):
+            gold, rim = (240, 190, 30), (120, 80, 10)
+            if holder >= 0:
+                wx, wy = st["x"][holder] + st["facing"][holder] * 0.55, st["y"][holder] + 0.45
+            elif st["w_state"] == FLYING:
+                wx, wy = st["w_x"], st["w_y"]
+                tail = -0.12 * st["w_vx"]
+                draw.draw_line(img, px(wx), py(wy), px(wx + tail), py(wy), (250, 235, 170), width=3.0)
+            else:
+                wx, wy = st["w_x"], st["w_y"] + 0.25
+            box(wx, wy, 0.27, 0.27, rim)
+            box(wx, wy, 0.18, 0.18, gold)
+
+        draw.fill_rect(img, 0, 0, w, hud, (40, 40, 48))
+        draw.bar(img, 0, 0, w, 3, st["t"] / self.time_limit, (200, 200, 200), back=(70, 70, 80))
+        half = w / 2
+        for f in range(2):
+            x0 = 8 + f * half
+            pip = min(10.0, (half - 20) / max(1, self.stocks))
+            for k in range(self.stocks):
+                rgb = colors[f] if k < st["stocks"][f] else (90, 90, 100)
+                draw.fill_rect(img, x0 + k * pip, 6, x0 + (k + 1) * pip - 2, 13, rgb)
+            frac = st["damage"][f] / 200.0
+            draw.bar(img, x0, 16, x0 + half - 20, 21, frac, draw.mix((250, 220, 60), (230, 40, 30), min(1.0, frac)),
+                     back=(70, 70, 80))
+        return draw.to_tensor(img)
+
 
 register(
     EnvSpec(

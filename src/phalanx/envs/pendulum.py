@@ -62,6 +62,29 @@ class PendulumEnv(ClassicEnv):
         th, thdot = state.unbind(-1)
         return torch.stack((torch.cos(th), torch.sin(th), thdot), -1).float()
 
+    def render(self, env_index: int = 0) -> torch.Tensor:
+        """Env `env_index`'s pendulum: uint8 [200, 200, 3] on the CPU.
+
+        The rod hangs from the centre (theta = 0 points up; positive theta is counter-clockwise, as in
+        gymnasium); the signed bar below it is the angular velocity (full at +-8), the thin bar at the
+        bottom the time used of the step limit."""
+        from phalanx.envs import draw
+
+        size, cx, cy, rod = 200, 100.0, 90.0, 70.0
+        th, thdot = self.physics_state[env_index].tolist()
+        img = draw.canvas(size, size, (255, 255, 255))
+        draw.ring(img, cx, cy, rod + 6, (225, 225, 225), width=1.0)
+        tip_x, tip_y = cx - rod * math.sin(th), cy - rod * math.cos(th)
+        draw.draw_line(img, cx, cy, tip_x, tip_y, (204, 77, 77), width=12.0)
+        draw.fill_circle(img, cx, cy, 4.0, (30, 30, 30))
+        draw.fill_rect(img, 20, 176, 180, 184, (225, 225, 225))
+        speed = max(-1.0, min(1.0, thdot / MAX_SPEED))
+        draw.fill_rect(img, cx, 176, cx + 80 * speed, 184, (90, 150, 220))
+        draw.fill_rect(img, cx - 0.5, 174, cx + 0.5, 186, (30, 30, 30))
+        frac = float(self.elapsed[env_index]) / self.max_steps
+        draw.bar(img, 20, 192, 180, 195, frac, (150, 150, 150), back=(235, 235, 235))
+        return draw.to_tensor(img)
+
 
 register(
     EnvSpec(

@@ -290,6 +290,54 @@ class TrialNavWorld(VecEnv):
         for k, ref in self.state_dict().items():
             setattr(self, k, state[k].to(device=self.device, dtype=ref.dtype).reshape(ref.shape).clone())
 
+    # --- rendering ---------------------------------------------------------------------------------
+    def render(self, env_index: int = 0) -> torch.Tensor:
+        """Top view of env `env_index`'s grid now: uint8 [224, 224, 3] on the CPU (32 px a cell).
+
+        Walls dark, floor light; the exits tan, the goal exit green (the egos cannot see which);
+        co-players dark red diamonds on a faint line along their patrol; egos discs in their slot
+        colours (several on one cell share it), a parked ego (on the goal) with a gold rim."""
+        from phalanx.envs import draw
+
+        cell = 32
+        size = GRID * cell
+        img = draw.canvas(size, size, (80, 82, 92))
+        draw.fill_rect(img, cell, cell, (GRID - 1) * cell, (GRID - 1) * cell, (236, 234, 224))
+        for r in range(1, GRID):
+            draw.fill_rect(img, cell, r * cell, (GRID - 1) * cell, r * cell + 1, (218, 215, 203))
+            draw.fill_rect(img, r * cell, cell, r * cell + 1, (GRID - 1) * cell, (218, 215, 203))
+        goal = int(self.goal[env_index])
+        for d, (r, c) in enumerate(DOORS):
+            color = (90, 190, 90) if d == goal else (205, 185, 135)
+            draw.fill_rect(img, c * cell + 1, r * cell + 1, (c + 1) * cell - 1, (r + 1) * cell - 1, color)
+        lo, hi = 1.5 * cell, (GRID - 1.5) * cell
+        for axis, line, _ in self.patrol[env_index].tolist():
+            mid = (line + 0.5) * cell
+            if axis == 0:  # a fixed row
+                draw.draw_line(img, lo, mid, hi, mid, (225, 170, 165), width=3.0)
+            else:
+                draw.draw_line(img, mid, lo, mid, hi, (225, 170, 165), width=3.0)
+        for r, c in self.coplayer_pos()[env_index].tolist():
+            x, y, e = (c + 0.5) * cell, (r + 0.5) * cell, 0.4 * cell
+            draw.fill_polygon(img, ((x, y - e), (x + e, y), (x, y + e), (x - e, y)), (150, 30, 40))
+        pos = self.pos[env_index].tolist()
+        parked = self.parked[env_index].tolist()
+        share: dict[tuple[int, int], list[int]] = {}
+        for i, (r, c) in enumerate(pos):
+            share.setdefault((r, c), []).append(i)
+        for (r, c), slots in share.items():
+            m = len(slots)
+            side = 1 if m == 1 else 2 if m <= 4 else 3
+            sub = cell / side
+            rad = 0.36 * sub if m == 1 else 0.42 * sub
+            for k, i in enumerate(slots):
+                x = c * cell + (k % side + 0.5) * sub
+                y = r * cell + (k // side + 0.5) * sub
+                if parked[i]:
+                    draw.fill_circle(img, x, y, rad + 2.5, (240, 190, 20))
+                draw.fill_circle(img, x, y, rad, draw.slot_color(i))
+        return draw.to_tensor(img)
+
 
 class TrialNavEnv(MultiTrialEnv):
     """trial_nav: `TrialNavWorld` played for `trials` trials per episode (see the module docstring)."""

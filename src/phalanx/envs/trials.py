@@ -280,3 +280,30 @@ class MultiTrialEnv(VecEnv):
 
     def close(self) -> None:
         self.inner.close()
+
+    def render(self, env_index: int = 0) -> torch.Tensor:
+        """The inner env's `render(env_index)` with a 20-px strip below it: one box per trial, past
+        trials shaded red (no slot succeeded) to green (all did), the current one outlined with the
+        time used of `max_trial_steps`, later ones grey. uint8 [H + 20, W, 3] on the CPU."""
+        from phalanx.envs import draw
+
+        inner_render = getattr(self.inner, "render", None)
+        if not callable(inner_render):
+            raise NotImplementedError(f"{type(self.inner).__name__} cannot render")
+        top = inner_render(env_index).cpu()
+        w = top.shape[1]
+        strip = draw.canvas(20, w, (250, 250, 250))
+        k, cur = self.trials, int(self.trial[env_index])
+        scores = self.scores[env_index].tolist()
+        frac = float(self.trial_step[env_index]) / self.max_trial_steps
+        box = (w - 4) / k
+        for i in range(k):
+            x0, x1 = 2 + i * box + 1, 2 + (i + 1) * box - 1
+            if i < cur:
+                draw.fill_rect(strip, x0, 4, x1, 16, draw.mix((210, 70, 60), (70, 180, 80), scores[i]))
+            elif i == cur:
+                draw.bar(strip, x0, 4, x1, 16, frac, (90, 150, 220), back=(225, 225, 225))
+                draw.outline_rect(strip, x0, 4, x1, 16, (30, 30, 30))
+            else:
+                draw.fill_rect(strip, x0, 4, x1, 16, (200, 200, 200))
+        return torch.cat((top, draw.to_tensor(strip)), 0)
