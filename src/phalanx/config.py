@@ -65,6 +65,7 @@ class Config:
                            "1.0 goes to a lone pool)", min=0.0)
     relay_floor: float = _f(0.05, "model=role_attention: the least attention weight of every present relay", min=0.0)
     attn_temperature: float = _f(1.0, "model=role_attention: softmax temperature of the neighbour attention", positive=True)
+    cnn_channels: list = _f([32, 64, 64], "image policies: channels of the three conv layers (kernels 8, 4, 3; strides 4, 2, 1)")
     cnn_dense: int = _f(512, "image policies (model=cnn, or lstm / transformer on images): width of the dense layer "
                         "after the three conv layers", positive=True)
     lstm_hidden: int = _f(128, "LSTM width (model=lstm)", positive=True)

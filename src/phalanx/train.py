@@ -107,10 +107,14 @@ def _build_cnn(cfg: Config, env: VecEnv, roles: torch.Tensor | None) -> nn.Modul
     high = float(env.observation_space.high_tensor("cpu").max())
     common = dict(num_agents=env.num_agents, agent_id=cfg.param_sharing == "shared_id", init_log_std=cfg.init_log_std)
     if cfg.model == "cnn":
-        return CNNActorCritic(shape, env.action_space, out_dim=cfg.cnn_dense, hidden_sizes=(), max_value=high, **common)
+        if len(cfg.cnn_channels) != 3:
+            raise ConfigError(f"config key 'cnn_channels' needs 3 widths (one per conv layer), got {cfg.cnn_channels}")
+        return CNNActorCritic(shape, env.action_space, channels=tuple(cfg.cnn_channels), out_dim=cfg.cnn_dense,
+                              hidden_sizes=(), max_value=high, **common)
     core = dict(hidden=cfg.lstm_hidden) if cfg.model == "lstm" else dict(width=cfg.tf_width, layers=cfg.tf_layers,
                                                                            heads=cfg.tf_heads, horizon=cfg.tf_horizon)
-    return CNNMemoryActorCritic(shape, env.action_space, core=cfg.model, out_dim=cfg.cnn_dense, max_value=high,
+    return CNNMemoryActorCritic(shape, env.action_space, core=cfg.model, channels=tuple(cfg.cnn_channels),
+                                out_dim=cfg.cnn_dense, max_value=high,
                                 critic_hidden=tuple(cfg.hidden_sizes), **core, **common)
 
 
@@ -396,6 +400,8 @@ class Trainer:
     # -- update ----------------------------------------------------------------------------------
     def _evaluate(self, part: PPOBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if not self.recurrent:
+            if hasattr(self.model, "evaluate_value"):  # one trunk pass for both heads (CNN)
+                return self.model.evaluate_value(part.obs, part.actions)
             logp, ent = self.model.evaluate(part.obs, part.actions)
             return logp, ent, self.model.value(part.critic_obs)
         slots = (part.rows.unsqueeze(1) * self.A + torch.arange(self.A, device=self.device)).reshape(-1)

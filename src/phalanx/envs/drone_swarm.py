@@ -5,9 +5,11 @@ World. A square search area `[0, size]^2` (metres, x east, y north) with the hom
 sensor 0 / relay 1 / cluster_head 2): `A // 4` relays, one cluster head, the rest sensors, in slot
 order sensors, cluster head, relays (A = 4: sensor, sensor, cluster_head, relay). Sensors and the
 cluster head sense ("scanners"); relays carry no sensor and only extend the data links. Every episode
-the drones start at nominal altitude on a ceil(sqrt(A)) grid (10 m spacing) centred on home, heading
-away from home (north for a drone on it), at rest, with batteries drawn uniformly from `[battery_min, 1]`; `num_victims` victims (0: the
-profile's count) lie at uniform random places (at least half a scan width from the edges).
+the drones start at nominal altitude on a ceil(sqrt(A)) grid (10 m spacing) centred on home,
+heading away from home (north for a drone on it), at rest, with batteries drawn uniformly from
+`[battery_min, 1]` (0.6); `num_victims` victims (0: the profile's count) lie at uniform random
+places (at least half a scan width from the edges). Constructor-only knobs (defaults):
+`bearing_noise_deg` 2, `range_noise` 0.1, `battery_min` 0.6 (0 noise makes tests exact).
 
 Profiles (size m, coverage cell m, max speed m/s, scan width m, nominal altitude m, victims, link
 range m): sar 400 / 5 / 8 / 28 / 30 / 4 / 250; inspection 200 / 4 / 5 / 16 / 15 / 6 / 150;
@@ -73,8 +75,8 @@ Observation [N, A, 64] float32:
     sin heading, battery, link quality;
   neighbours 18: (dx / size, dy / size, dz / nominal altitude) of other drones, 6 entries; for
     A <= 7 all other drones in slot order (entry k of drone i is slot `neighbor_slots[i, k]`, -1 =
-    padding, so each entry has a fixed role), for A > 7 the 6 nearest active drones by distance;
-    zeros for padding and for inactive drones;
+    padding, so each entry has a fixed role), for A > 7 the 6 nearest active drones by distance
+    (`neighbor_slots` None); zeros for padding and for inactive drones;
   tile 25: 5 x 5 blocks (5 x 5 cells each, 25 m for sar) centred on the drone's block, row-major
     from south-west: the fraction of still uncovered cells (the prior probability mass of an
     undiscovered victim); 0 outside the area;
@@ -84,7 +86,7 @@ Observation [N, A, 64] float32:
   task 7: target offset (dx / size, dy / size, (nominal - z) / nominal), deadline (steps left /
     max_steps), one-hot role (sensor, relay, cluster head). A scanner's target is the estimated
     position of the nearest detected, unconfirmed victim it holds no bearing on (zeros when none);
-    a relay's is the relay station, halfway between home and the centroid of the active scanners.
+    a relay's is its relay station (`relay_station()`; see the planner below).
 Global state [N, 9A + 3 + 5V + C^2] (C = coverage grid side / 5): per drone x, y, z, cos h, sin h,
 speed, battery, link, active; coverage fraction, victims confirmed / V, time / max_steps; per victim
 true x, y, detected, confirmed, bearings held / scanners; the coarse uncovered-fraction map.
@@ -98,21 +100,25 @@ the scaled terms).
 Scripted policies (`scripted_names`): "random" (standard normal raw actions) and "planner", a
 coverage planner: scanner k of m (slot order) owns the vertical strip [k, k+1) * size / m, cut into
 ceil(strip / scan_width) lanes swept boustrophedon-style (lane 0 north, lane 1 south, ...) while
-always scanning, each at its own altitude (nominal + 2 m * k, so scanners never collide; every drone
-holds its position until it is within 1.5 m of its altitude layer); its lane
-and progress along it are kept in the env (`plan_lane`, `plan_y`, reset with the episode and saved in
-`state_dict`). When some victim is detected but not confirmed and at least three scanners are
-active, every scanner goes to a viewpoint around the lowest-index such victim, at 0.6 scan widths
-from its estimate (the least-squares fix once two bearings cross, else the range estimate) at angle
-60 degrees * (k mod 3), so their bearing lines differ by about 60 degrees, and hovers there
-scanning until it is confirmed. A scanner whose battery would not bring it home (with margin)
-returns and recharges to 0.95. The relay hovers at the relay station at 0.5 x nominal altitude (below the scanners' layers; with many
-scanners the top layers clamp to 1.5 x nominal and may be shared). The
-planner inverts the squashing (a2 = logit(speed / max_speed), ...) and stays within the bounds.
+always scanning, each on its own altitude layer (nominal + 2 m * k, clamped to the ceiling, so
+scanners do not collide; every drone holds its position until it is within 1.5 m of its layer); its
+lane and progress along it are kept in the env (`plan_lane`, `plan_y`, reset with the episode and
+saved in `state_dict`). When some victim is detected but not confirmed and at least three scanners are
+active, the first three active scanners (slot order; i = 0, 1, 2) go to viewpoints around the
+lowest-index such victim, at 0.6 scan widths from its estimate (the least-squares fix once two
+bearings cross, else the range estimate) at angle 60 degrees * i, so their bearing lines differ by
+about 60 degrees, and hover there scanning until it is confirmed; other scanners keep sweeping. A
+scanner whose battery would barely bring it home (with margin) returns, not scanning, and recharges
+to 0.95. Relay j of R hovers at its station, halfway between home and the centroid of the active
+scanners it serves (ranks k with k * R // m == j: contiguous strips), on layers from 0.5 x nominal
+altitude upwards (2 m apart, below the scanners; in large swarms clamped layers may be shared). The
+planner inverts the squashing (a0 = atanh(dh / (pi/6)), a2 = logit(speed / max_speed), ...) and
+stays within the action bounds.
 
-`render_top(env_index)` draws a top view (uint8 [H, W, 3]): covered cells green, home grey,
-victims red (undetected) / orange (detected) / dark green (confirmed), drones blue (sensor),
-purple (relay), orange (cluster head), grey when depleted; north is up.
+`render(env_index)` / `render_top(env_index)` draw a top view (uint8 [H, W, 3] on the CPU, 320 x 320
+for sar): covered cells green, home grey, victims red (undetected) / orange (detected) / dark green
+(confirmed), drones blue (sensor), purple (relay), orange (cluster head), grey when depleted; north
+is up.
 """
 
 from __future__ import annotations
@@ -190,9 +196,10 @@ def wrap_angle(x: torch.Tensor) -> torch.Tensor:
 
 
 def least_squares_fix(bearing: torch.Tensor, origin: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Least-squares intersection of bearing lines. bearing [..., K], origin [..., K, 2], weight [..., K]
-    (0/1) -> (point [..., 2], det [...]) where det = det(sum n n^T) / K^2-free (0 for fewer than two
-    crossing lines; sin^2 of the angle for two lines)."""
+    """Least-squares intersection of bearing lines (the point minimising the summed squared distances
+    to the lines). bearing [..., K], origin [..., K, 2], weight [..., K] (0/1) -> (point [..., 2],
+    det [...]): det is the determinant of sum n n^T over the lines' unit normals n (sin^2 of the angle
+    between two lines; 0, with the point 0, where fewer than two lines cross)."""
     s, c = torch.sin(bearing), torch.cos(bearing)
     # Normal of each line: n = (-s, c); minimise sum (n . (x - p))^2.
     m00 = (weight * s * s).sum(-1)
@@ -315,10 +322,19 @@ class DroneSwarmEnv(VecEnv):
         self._lane_w = strip / self.lanes
         self._y_lo = min(p.scan_width / 2, p.size / 2)
         self._y_hi = p.size - self._y_lo
-        plan_alt = torch.where(
-            self.is_relay, self.z_min, (p.altitude + 2.0 * self.scanner_rank.clamp_min(0).float()).clamp(self.z_min, self.z_max)
-        )
-        self._plan_alt = plan_alt
+        relay_slots = [i for i, r in enumerate(roles) if r == RELAY]
+        relay_rank = torch.zeros(a)
+        member = torch.zeros(a, a)  # relay slot -> the scanners it serves (contiguous groups of strips)
+        for j, r in enumerate(relay_slots):
+            relay_rank[r] = j
+            for k, sl in enumerate(scanner_slots):
+                if k * len(relay_slots) // m == j:
+                    member[r, sl] = 1.0
+        self._relay_member = member.to(dev)
+        # Altitude layers 2 m apart: scanners from nominal upwards, relays from the lowest altitude.
+        self._plan_alt = torch.where(
+            self.is_relay, self.z_min + 2.0 * relay_rank.to(dev), p.altitude + 2.0 * self.scanner_rank.clamp_min(0).float()
+        ).clamp(self.z_min, self.z_max)
 
         self.obs_dim = OBS_DIM
         self.state_dim = 9 * a + 3 + 5 * v + c * c
@@ -420,13 +436,14 @@ class DroneSwarmEnv(VecEnv):
         via = torch.where(relay_ok, torch.minimum(q_pair, q_home.unsqueeze(1)), 0.0).amax(-1)
         return torch.where(active, torch.maximum(q_home, via), 0.0)
 
-    def relay_station(self, pos: torch.Tensor | None = None, active: torch.Tensor | None = None) -> torch.Tensor:
-        """[N, 2]: halfway between home and the centroid of the active scanners (home if none)."""
-        pos = self.pos if pos is None else pos
-        active = self.active if active is None else active
-        w = (active & self.scanner).float()
-        cnt = w.sum(1, keepdim=True)
-        centroid = (pos[..., :2] * w.unsqueeze(-1)).sum(1) / cnt.clamp_min(1.0)
+    def relay_station(self) -> torch.Tensor:
+        """[N, A, 2]: each relay's station, halfway between home and the centroid of the active scanners
+        it serves (relay j of R serves the scanners of ranks k with k * R // m == j); home where none
+        is active. Rows of non-relay slots hold home."""
+        w = (self.active & self.scanner).float()  # [N, A]
+        wm = self._relay_member * w.unsqueeze(1)  # [N, relay, scanner]
+        cnt = wm.sum(-1, keepdim=True)
+        centroid = (wm @ self.pos[..., :2]) / cnt.clamp_min(1.0)
         centroid = torch.where(cnt > 0, centroid, self.home)
         return 0.5 * (centroid + self.home)
 
@@ -476,7 +493,7 @@ class DroneSwarmEnv(VecEnv):
         best = d.argmin(-1, keepdim=True)  # [N, A, 1]
         target = self.est_pos.gather(1, best.expand(n, a, 2))
         has_target = need.any(-1) & self.scanner
-        relay_t = self.relay_station().unsqueeze(1).expand(n, a, 2)
+        relay_t = self.relay_station()
         target = torch.where(self.is_relay.unsqueeze(-1), relay_t, target)
         valid = has_target | self.is_relay
         off = torch.cat(((target - xy) / self.size, ((p.altitude - self.pos[..., 2]) / p.altitude).unsqueeze(-1)), -1)
@@ -533,32 +550,33 @@ class DroneSwarmEnv(VecEnv):
     def _coverage(self, pos: torch.Tensor, delivered: torch.Tensor) -> torch.Tensor:
         """Mark the cells under delivered scans covered (in place); returns new cells per drone [N, A]."""
         a, p, g, c = self.num_agents, self.profile, self.grid, self.coarse
-        x, y, z = pos.unbind(-1)
+        # Layout [A, N, ...] so that each drone's rows are contiguous for the per-drone loop.
+        x, y, z = pos.permute(2, 1, 0).unbind(0)  # each [A, N]
         r = 0.5 * p.scan_width * z / p.altitude
-        n = x.shape[0]
+        n = x.shape[1]
         # Separable window: K columns x K rows of cells around the drone's cell, in float (exact here).
-        fx = (x / p.cell).floor().clamp(0, g - 1).unsqueeze(-1) + self._win  # [N, A, K]
+        fx = (x / p.cell).floor().clamp(0, g - 1).unsqueeze(-1) + self._win  # [A, N, K]
         fy = (y / p.cell).floor().clamp(0, g - 1).unsqueeze(-1) + self._win
         ddx = ((fx + 0.5) * p.cell - x.unsqueeze(-1)) ** 2
         ddy = ((fy + 0.5) * p.cell - y.unsqueeze(-1)) ** 2
         ddx = torch.where((fx >= 0) & (fx < g), ddx, math.inf)
-        ddy = torch.where((fy >= 0) & (fy < g) & delivered.unsqueeze(-1), ddy, math.inf)
-        mask = (ddy.unsqueeze(-1) + ddx.unsqueeze(-2) <= (r * r)[..., None, None]).reshape(n, a, -1)  # [N, A, K*K]
+        ddy = torch.where((fy >= 0) & (fy < g) & delivered.t().unsqueeze(-1), ddy, math.inf)
+        mask = (ddy.unsqueeze(-1) + ddx.unsqueeze(-2) <= (r * r)[..., None, None]).reshape(a, n, -1)  # [A, N, K*K]
         # Indices by int32 arithmetic (masked-out cells go to the sink column); torch.where is slow here.
         inside = mask.int()
-        cell = ((fy * g).int().unsqueeze(-1) + fx.int().unsqueeze(-2)).reshape(n, a, -1)
+        cell = ((fy * g).int().unsqueeze(-1) + fx.int().unsqueeze(-2)).reshape(a, n, -1)
         idx = (g * g + (cell - g * g) * inside).long()
-        block = (((fy / BLOCK).floor() * c).int().unsqueeze(-1) + (fx / BLOCK).floor().int().unsqueeze(-2)).reshape(n, a, -1)
-        cidx = (c * c + (block - c * c) * inside).long()
         ep = self.epoch.unsqueeze(1).expand(n, idx.shape[-1])
-        counts = []
+        news = []
         for i in range(a):  # slot order decides who gets a cell two drones cover in the same step
-            prev = self.cell_epoch.gather(1, idx[:, i]) == ep
-            new = mask[:, i] & ~prev
-            counts.append(new.sum(1))
-            self.cell_epoch.scatter_(1, idx[:, i], ep)
-            self.uncovered.scatter_add_(1, cidx[:, i], -new.float())
-        return torch.stack(counts, 1).float()
+            new = mask[i] & (self.cell_epoch.gather(1, idx[i]) != ep)
+            news.append(new)
+            self.cell_epoch.scatter_(1, idx[i], ep)
+        new = torch.stack(news, 1)  # [N, A, K*K]
+        block = (((fy / BLOCK).floor() * c).int().unsqueeze(-1) + (fx / BLOCK).floor().int().unsqueeze(-2)).reshape(a, n, -1)
+        cidx = (c * c + (block - c * c) * inside).transpose(0, 1).reshape(n, -1).long()
+        self.uncovered.scatter_add_(1, cidx, -new.reshape(n, -1).float())
+        return new.sum(-1).float()
 
     def step(self, actions: torch.Tensor) -> StepRecord:
         n, a, v, p, dev = self.num_envs, self.num_agents, self.num_victims, self.profile, self.device
@@ -767,22 +785,25 @@ class DroneSwarmEnv(VecEnv):
         ahead = torch.where(finished, ahead, torch.minimum(torch.maximum(ahead, lo), hi))
         target = torch.stack((lane_x, ahead), -1)
 
-        # Triangulation: every scanner to its viewpoint around the first detected, unconfirmed victim.
+        # Triangulation: the first three active scanners (slot order) to their viewpoints around the
+        # first detected, unconfirmed victim; the others keep sweeping.
         need = self.detected & ~self.confirmed  # [N, V]
-        enough = (active & self.scanner).sum(1) >= 3
+        live = active & self.scanner
+        tri_rank = live.long().cumsum(1) - 1  # [N, A]
+        enough = live.sum(1) >= 3
         first = torch.where(need, torch.arange(self.num_victims, device=self.device), self.num_victims).amin(1)  # [N]
         tri = need.any(1) & enough
         fix, det = least_squares_fix(self.bearing.transpose(1, 2), self.bpos.transpose(1, 2), self.has.transpose(1, 2).float())
         estimate = torch.where((det > math.sin(math.radians(20.0)) ** 2).unsqueeze(-1), fix, self.est_pos)
         fi = first.clamp_max(self.num_victims - 1).view(n, 1, 1).expand(n, 1, 2)
         goal = estimate.gather(1, fi)  # [N, 1, 2]
-        phi = math.pi / 3 * (self.scanner_rank.clamp_min(0) % 3).float()
+        phi = math.pi / 3 * tri_rank.clamp(0, 2).float()
         view = goal + 0.6 * p.scan_width * torch.stack((torch.cos(phi), torch.sin(phi)), -1)
         view = view.clamp(1.0, self.size - 1.0)
-        target = torch.where((tri.unsqueeze(1) & self.scanner).unsqueeze(-1), view, target)
+        target = torch.where((tri.unsqueeze(1) & live & (tri_rank < 3)).unsqueeze(-1), view, target)
 
-        # Relays hold the relay station.
-        target = torch.where(self.is_relay.unsqueeze(-1), self.relay_station().unsqueeze(1).expand(n, a, 2), target)
+        # Relays hold their stations.
+        target = torch.where(self.is_relay.unsqueeze(-1), self.relay_station(), target)
 
         # Battery: go home when the charge would barely get the drone back; recharge to 0.95.
         home_d = (pos[..., :2] - self.home).norm(dim=-1)
@@ -812,6 +833,10 @@ class DroneSwarmEnv(VecEnv):
         return torch.stack((a0, a1, a2, a3), -1).clamp(-ACTION_BOUND, ACTION_BOUND)
 
     # --- rendering --------------------------------------------------------------------------------
+    def render(self, env_index: int = 0) -> torch.Tensor:
+        """RGB frame uint8 [H, W, 3] (CPU) of env `env_index` for GIFs: the top view."""
+        return self.render_top(env_index)
+
     def render_top(self, env_index: int = 0, pixels_per_cell: int | None = None) -> torch.Tensor:
         """Top view of env `env_index`: uint8 [H, W, 3] on the CPU, north up."""
         g, p = self.grid, self.profile
