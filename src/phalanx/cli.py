@@ -112,6 +112,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(f"recorded {info['steps']} steps ({info['frames']} frames, return {info['return']:.2f}) to {info['path']}",
               file=sys.stderr)
     res = evaluate_policy(policy, cfg.env, greedy=not args.sample, teammates=cfg.teammates, **common)
+    if "success_rate" in res and not cfg.opponents:  # goal-reaching envs: the other play mode too
+        other = evaluate_policy(policy, cfg.env, greedy=args.sample, teammates=cfg.teammates, **common)
+        res["greedy_play" if args.sample else "sampled_play"] = {
+            k: other[k] for k in ("success_rate", "median_steps_to_goal", "mean_return") if k in other}
     if not args.vs:
         if args.json:
             print(json.dumps(res))
@@ -120,7 +124,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(f"{cfg.env} ({mode}, {res['episodes']} episodes)")
         for k, v in res.items():
             if isinstance(v, float):
-                print(f"  {k:<18} {v:.3f}")
+                print(f"  {k:<22} {v:.3f}")
+            elif isinstance(v, dict):
+                print(f"  {k.replace('_', ' ')}: " + ", ".join(f"{a} {b:.3f}" for a, b in v.items()))
         return 0
     if cfg.opponents:
         return _eval_head_to_head(args, policy, common)

@@ -135,6 +135,9 @@ def evaluate_policy(
     }
     if success_key is not None and rows and success_key in rows[0]:
         out["success_rate"] = statistics.fmean(r[success_key] for r in rows)
+        if "steps_to_goal" in rows[0]:  # over the episodes that reached the goal
+            reached = [r["steps_to_goal"] for r in rows if r[success_key] > 0.5]
+            out["median_steps_to_goal"] = statistics.median(reached) if reached else float("nan")
     for k in rows[0] if rows else ():
         if k not in ("return", "length", "outcome", success_key) and not k.startswith("episode_"):
             out[f"mean_{k}"] = statistics.fmean(r[k] for r in rows)
