@@ -91,6 +91,10 @@ def save_checkpoint(
     return final
 
 
+def checkpoint_path(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / CKPT_DIR / f"{_PREFIX}{step:012d}"
+
+
 def list_checkpoints(run_dir: Path) -> list[Path]:
     root = Path(run_dir) / CKPT_DIR
     if not root.is_dir():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -79,6 +80,8 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
         result = train(resume=args.resume, **overrides)
     else:
         result = train(layers or None, **overrides)
+    if int(os.environ.get("RANK", "0")) != 0:  # torchrun: rank 0 reports
+        return 0
     m = result.metrics
     print(f"run directory:  {result.run_dir}")
     print(f"tensorboard:    tensorboard --logdir {result.run_dir / 'tb'}")

@@ -41,9 +41,9 @@ def resolve_device(name: str) -> torch.device:
     return dev
 
 
-def default_run_dir(env: str) -> Path:
+def default_run_dir(env: str, stamp: float | None = None) -> Path:
     safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in env)
-    return Path("runs") / f"{safe}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return Path("runs") / f"{safe}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(stamp))}"
 
 
 def git_revision() -> str | None:

@@ -22,6 +22,7 @@ from phalanx import runs
 from phalanx.algo import PPOBatch, RewardScaler, RunningMeanStd, compute_gae, ppo_update
 from phalanx.algo.ppo import METRIC_NAMES
 from phalanx.config import Config, resolve
+from phalanx.distributed import Dist
 from phalanx.envs import make
 from phalanx.envs.base import VecEnv, generator_state, set_generator_state
 from phalanx.envs.spaces import Box
@@ -183,23 +184,34 @@ class Trainer:
 
     def __init__(self, cfg: Config, run_dir: Path | None = None, resume: bool = False):
         self.cfg = cfg
-        self.device = runs.resolve_device(cfg.device)
-        if cfg.progress:
+        self.dist = Dist()
+        self.device = self.dist.init(runs.resolve_device(cfg.device))
+        self.main = self.dist.is_main
+        if cfg.progress and self.main:
             why = " (auto: CUDA, then MPS, then CPU)" if cfg.device == "auto" else ""
             print(f"device: {self.device}{why}", file=sys.stderr, flush=True)
         if cfg.torch_threads > 0:
             torch.set_num_threads(cfg.torch_threads)
-        self.run_dir = Path(run_dir or cfg.run_dir or runs.default_run_dir(cfg.env))
+        # Every rank must agree on the run directory: rank 0's clock names it.
+        stamp = self.dist.broadcast_int(int(time.time()))
+        self.run_dir = Path(run_dir or cfg.run_dir or runs.default_run_dir(cfg.env, stamp))
         self.resume = resume
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         self.lock = runs.RunLock(self.run_dir)
-        self.lock.acquire()
+        if self.main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.lock.acquire()
+        self.dist.barrier()
+        if self.dist.enabled and cfg.opponents:
+            raise ConfigError("config key 'opponents' (the self-play league) is not supported with torchrun yet; train it in one process")
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
         np.random.seed(cfg.seed % (2**32))
-        self.env = make(cfg.env, num_envs=cfg.num_envs, device=self.device, seed=cfg.seed, **cfg.env_options)
+        # Each rank's envs and sampling follow their own seed stream.
+        self.env_seed = cfg.seed + 1_000_033 * self.dist.rank
+        self.env = make(cfg.env, num_envs=cfg.num_envs, device=self.device, seed=self.env_seed, **cfg.env_options)
         self.N, self.A = self.env.num_envs, self.env.num_agents
         self.model = build_model(cfg, self.env).to(self.device)
+        self.dist.broadcast_module(self.model)
         self.image = getattr(self.model, "obs_is_image", False)
         self.teammates = Teammates(parse_teammates(cfg.teammates, self.env), self.env, self.device)
         self.learner = self.teammates.learner
@@ -207,7 +219,7 @@ class Trainer:
         self.optimizer = torch.optim.Adam(self.params, lr=cfg.lr, eps=cfg.adam_eps, foreach=True)
         self.norms = Normalizers(cfg, obs_dim_of(self.env), self.N, self.A, self.device)
         self.gen = torch.Generator(device=self.device)
-        self.gen.manual_seed(cfg.seed + 1_000_003)
+        self.gen.manual_seed(self.env_seed + 1_000_003)
         self.league = None
         if cfg.opponents:
             from phalanx.league import League, opponent_slots
@@ -221,7 +233,7 @@ class Trainer:
         self.recent_returns: list[float] = []
         self.history: list[dict[str, Any]] = []
         self._alloc_buffers()
-        self.record = self.env.reset(seed=cfg.seed)
+        self.record = self.env.reset(seed=self.env_seed)
         self.ep_return = torch.zeros(self.N, self.A, device=self.device)
         self.ep_length = torch.zeros(self.N, self.A, device=self.device)
         self.team_return = torch.zeros(self.N, device=self.device)
@@ -451,13 +463,20 @@ class Trainer:
             num_epochs=cfg.num_epochs, num_minibatches=cfg.num_minibatches, clip_coef=cfg.clip_coef,
             vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef, max_grad_norm=cfg.max_grad_norm,
             clip_vloss=cfg.clip_vloss, norm_adv=cfg.norm_adv, target_kl=cfg.target_kl or None, generator=self.gen,
+            sync_grads=(lambda: self.dist.average_grads(self.params)) if self.dist.enabled else None,
+            sync_mean=self.dist.mean if self.dist.enabled else None,
         )
         self._last_batch = batch
         return metrics
 
     @property
     def num_updates(self) -> int:
-        return max(1, math.ceil(self.cfg.total_steps / self.cfg.batch_size))
+        return max(1, math.ceil(self.cfg.total_steps / self.steps_per_update))
+
+    @property
+    def steps_per_update(self) -> int:
+        """Environment steps of one update, summed over ranks."""
+        return self.cfg.batch_size * self.dist.world
 
     # -- state -----------------------------------------------------------------------------------
     def state_tensors(self) -> dict[str, torch.Tensor]:
@@ -505,10 +524,15 @@ class Trainer:
         }
         if self.league is not None:
             meta["league"] = self.league.state_json(self.global_step)
-        path = ckpt.save_checkpoint(
-            self.run_dir, self.global_step, self.model.state_dict(), self.state_tensors(), meta, self.cfg.keep_checkpoints
-        )
+        meta["world_size"] = self.dist.world
+        state = self.dist.gather_state(self.state_tensors())  # every rank takes part
         self._last_ckpt_step = self.global_step
+        if not self.main:
+            self.dist.barrier()
+            return ckpt.checkpoint_path(self.run_dir, self.global_step)
+        path = ckpt.save_checkpoint(
+            self.run_dir, self.global_step, self.model.state_dict(), state, meta, self.cfg.keep_checkpoints
+        )
         if self.league is not None:
             from phalanx.league import LEAGUE_FILE
 
@@ -516,11 +540,17 @@ class Trainer:
             ckpt.write_json_atomic(self.run_dir / LEAGUE_FILE, meta["league"])
             self.league.prune_files()
         runs.write_metric_csvs(self.run_dir)
+        self.dist.barrier()
         return path
 
     def restore(self, path: Path) -> None:
         model_t, state_t, meta = ckpt.load_checkpoint(path)
         check_compatible(path, meta, self.cfg, self.model)
+        saved_world = int(meta.get("world_size", 1))
+        if saved_world != self.dist.world:
+            raise CheckpointError(f"checkpoint '{path}' was written by {saved_world} processes; resume it with "
+                                  f"torchrun --nproc-per-node {saved_world} (this run has {self.dist.world})")
+        state_t = self.dist.local_state(state_t)
         try:
             self.model.load_state_dict(model_t)
         except RuntimeError as e:
@@ -612,21 +642,29 @@ class Trainer:
     def train(self, max_updates: int | None = None) -> RunResult:
         """Run until `total_steps` (or `max_updates` more updates, for tests and notebooks)."""
         cfg = self.cfg
-        self._open_logs()
-        progress = Progress(cfg.total_steps, enabled=cfg.progress, start=self.global_step)
+        if self.main:
+            self._open_logs()
+        progress = Progress(cfg.total_steps, enabled=cfg.progress and self.main, start=self.global_step)
         done_updates = 0
         last_row: dict[str, Any] = {}
         try:
             while self.global_step < cfg.total_steps and (max_updates is None or done_updates < max_updates):
                 t0 = time.perf_counter()
                 stats = self.collect()
-                self.global_step += cfg.batch_size
+                self.global_step += self.steps_per_update
+                if self.dist.enabled:  # pooled statistics keep the ranks' normalisers identical
+                    self.dist.pool_stats(self.norms.obs)
+                    self.dist.pool_stats(self.norms.reward.stats if self.norms.reward is not None else None)
                 metrics = self.update()
+                if self.dist.enabled:
+                    self.dist.pool_stats(self.norms.value)
                 self.update_idx += 1
                 done_updates += 1
                 # The one host read per update.
                 names = list(METRIC_NAMES) + list(stats)
-                values = torch.stack([metrics[k].float() for k in METRIC_NAMES] + [stats[k].float() for k in stats]).tolist()
+                means = self.dist.mean(torch.stack([metrics[k].float() for k in METRIC_NAMES]))
+                sums = self.dist.sum(torch.stack([stats[k].float() for k in stats]))
+                values = torch.cat([means, sums]).tolist()
                 row_vals = dict(zip(names, values))
                 dt = time.perf_counter() - t0
                 row: dict[str, Any] = {"step": self.global_step, "update": self.update_idx}
@@ -652,7 +690,7 @@ class Trainer:
                 nonfinite = row_vals.pop("nonfinite")
                 row.update({k: v for k, v in row_vals.items()})
                 row["lr"] = self.optimizer.param_groups[0]["lr"]
-                row["sps"] = cfg.batch_size / dt
+                row["sps"] = self.steps_per_update / dt
                 row["time"] = time.time()
                 if nonfinite > 0 or not all(math.isfinite(v) for v in row_vals.values()):
                     where = self._save_nonfinite(row)
@@ -661,7 +699,8 @@ class Trainer:
                         f"batch and config saved to '{where}'; last good checkpoint: "
                         f"{ckpt.list_checkpoints(self.run_dir)[-1] if ckpt.list_checkpoints(self.run_dir) else 'none'}"
                     )
-                self._log(row)
+                if self.main:
+                    self._log(row)
                 self.history.append(row)
                 last_row = row
                 recent = sum(self.recent_returns) / len(self.recent_returns) if self.recent_returns else float("nan")
@@ -672,11 +711,12 @@ class Trainer:
                 self.save()
         finally:
             progress.close()
-            self.metrics_file.close()
-            if self.writer is not None:
-                self.writer.close()
+            if self.main:
+                self.metrics_file.close()
+                if self.writer is not None:
+                    self.writer.close()
         final = dict(last_row)
-        if self.global_step >= cfg.total_steps and cfg.eval_episodes > 0:
+        if self.global_step >= cfg.total_steps and cfg.eval_episodes > 0 and self.main:
             from phalanx.evaluate import evaluate_policy
 
             ev = evaluate_policy(self.policy(), cfg.env, cfg.env_options, episodes=cfg.eval_episodes, seed=cfg.seed + 7777, device=self.device)
@@ -691,7 +731,9 @@ class Trainer:
 
     def close(self) -> None:
         self.env.close()
-        self.lock.release()
+        if self.main:
+            self.lock.release()
+        self.dist.close()
 
 
 def check_compatible(path: Path, meta: dict[str, Any], cfg: Config, model: nn.Module) -> None:
@@ -771,8 +813,9 @@ def train(config: Config | str | Path | dict | None = None, *, resume: str | Pat
         trainer = Trainer(cfg, run_dir=run_dir, resume=True)
         try:
             trainer.restore(ckpt.latest_checkpoint(run_dir))
-            runs.truncate_metrics(run_dir, trainer.global_step)
-            ckpt.write_json_atomic(run_dir / "config.json", cfg.to_dict())
+            if trainer.main:
+                runs.truncate_metrics(run_dir, trainer.global_step)
+                ckpt.write_json_atomic(run_dir / "config.json", cfg.to_dict())
             return trainer.train(max_updates=max_updates)
         finally:
             trainer.close()
@@ -789,8 +832,10 @@ def train(config: Config | str | Path | dict | None = None, *, resume: str | Pat
     try:
         if ckpt.list_checkpoints(trainer.run_dir):
             raise ConfigError(f"run directory '{trainer.run_dir}' already holds a run; use --resume {trainer.run_dir} or another --run-dir")
-        ckpt.write_json_atomic(trainer.run_dir / "config.json", {**cfg.to_dict(), "run_dir": str(trainer.run_dir)})
-        ckpt.write_json_atomic(trainer.run_dir / "manifest.json", runs.manifest(trainer.device, cfg.seed))
+        if trainer.main:
+            ckpt.write_json_atomic(trainer.run_dir / "config.json", {**cfg.to_dict(), "run_dir": str(trainer.run_dir)})
+            ckpt.write_json_atomic(trainer.run_dir / "manifest.json",
+                                   {**runs.manifest(trainer.device, cfg.seed), "world_size": trainer.dist.world})
         return trainer.train(max_updates=max_updates)
     finally:
         trainer.close()

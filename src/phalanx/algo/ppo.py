@@ -120,9 +120,14 @@ def ppo_update(
     norm_adv: bool = True,
     target_kl: float | None = None,
     generator: torch.Generator | None = None,
+    sync_grads: Callable[[], None] | None = None,
+    sync_mean: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Epochs of shuffled minibatch steps; returns mean metrics as 0-d tensors (no host sync
-    unless `target_kl` is set, which reads approx-KL once per epoch)."""
+    unless `target_kl` is set, which reads approx-KL once per epoch).
+
+    Data-parallel training passes `sync_grads` (average the gradients across processes before each
+    step) and `sync_mean` (so every process takes the same early-stopping decision)."""
     size = len(batch)
     mb = max(1, size // num_minibatches)
     device = batch.logprobs.device
@@ -140,6 +145,8 @@ def ppo_update(
             )
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            if sync_grads is not None:
+                sync_grads()
             gn = nn.utils.clip_grad_norm_(params, max_grad_norm, foreach=True)
             optimizer.step()
             for k, v in metrics.items():
@@ -149,6 +156,8 @@ def ppo_update(
             kl_epoch += metrics["approx_kl"]
             steps += 1
         epochs_done += 1
+        if sync_mean is not None:
+            kl_epoch = sync_mean(kl_epoch)
         if target_kl is not None and float(kl_epoch / num_minibatches) > target_kl:
             break
     out = {k: v / max(steps, 1) for k, v in sums.items()}
