@@ -101,6 +101,7 @@ class Config:
     pool_size: int = _f(8, "snapshots kept in the self-play pool (plus pinned ones)", positive=True)
     snapshot_every: int = _f(0, "snapshot the learner into the pool every this many steps (0: every 5% of the run)", min=0)
     pin_every: int = _f(0, "keep the snapshot taken after each multiple of this many steps forever (0: none)", min=0)
+    compile: bool = _f(False, "compile the policy step and the update's forward with torch.compile (first updates are slow)")
     # Run.
     run_dir: str = _f("", "run directory (default: runs/<env>-<time>)")
     checkpoint_every: int = _f(0, "write a checkpoint every this many steps (0: every 10% of the run)", min=0)

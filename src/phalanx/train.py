@@ -240,6 +240,13 @@ class Trainer:
         self.recurrent = getattr(self.model, "recurrent", False)
         if self.recurrent:
             self.memory = self.model.initial_state(self.N * self.A, self.device)
+        self._act, self._evaluate_fn = self.model.act if not self.recurrent else None, self._evaluate
+        if cfg.compile:
+            if self.recurrent:
+                raise ConfigError("config key 'compile' supports feed-forward models (mlp, cnn, role_attention) for now")
+            # Shapes are fixed for the whole run (num_envs, minibatch size), so each compiles once.
+            self._act = torch.compile(self.model.act, dynamic=False)
+            self._evaluate_fn = torch.compile(self._evaluate, dynamic=False)
             self.prev_done = torch.zeros(self.N, self.A, dtype=torch.bool, device=self.device)
         self.writer = None
         self.checkpoint_every = cfg.checkpoint_every or max(cfg.batch_size, cfg.total_steps // 10)
@@ -323,7 +330,7 @@ class Trainer:
                 if memory_critic:
                     value = self._denorm(v_mem)
             else:
-                action, logp = self.model.act(obs_n, self.gen)
+                action, logp = self._act(obs_n, self.gen)
             if self.teammates.groups:
                 action = self.teammates.fill(action, rec, self.gen)
             if self.league is not None:
@@ -459,7 +466,7 @@ class Trainer:
             for g in self.optimizer.param_groups:
                 g["lr"] = cfg.lr * frac
         metrics = ppo_update(
-            self._evaluate, self.params, self.optimizer, batch,
+            self._evaluate_fn, self.params, self.optimizer, batch,
             num_epochs=cfg.num_epochs, num_minibatches=cfg.num_minibatches, clip_coef=cfg.clip_coef,
             vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef, max_grad_norm=cfg.max_grad_norm,
             clip_vloss=cfg.clip_vloss, norm_adv=cfg.norm_adv, target_kl=cfg.target_kl or None, generator=self.gen,

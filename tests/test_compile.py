@@ -1,0 +1,35 @@
+"""--compile: the compiled run agrees with the eager one and compiles only during its first updates."""
+
+import pytest
+import torch
+
+import phalanx
+from phalanx.config import resolve
+from phalanx.errors import ConfigError
+from phalanx.train import Trainer
+
+CFG = dict(env="cartpole", total_steps=512 * 4, num_envs=8, num_steps=64, num_minibatches=2, progress=False,
+           tensorboard=False, seed=3)
+
+
+@pytest.mark.slow
+def test_compiled_matches_eager_and_does_not_recompile(tmp_path):
+    from torch._dynamo.utils import counters
+
+    eager = phalanx.train(run_dir=tmp_path / "eager", **CFG)
+    t = Trainer(resolve(dict(CFG, compile=True, run_dir=str(tmp_path / "comp"))))
+    try:
+        t.train(max_updates=2)
+        graphs = counters["stats"]["unique_graphs"]
+        assert graphs > 0
+        t.train(max_updates=2)
+        assert counters["stats"]["unique_graphs"] == graphs  # later updates reuse the compiled graphs
+        for (k, a), b in zip(eager.policy.model.state_dict().items(), t.model.state_dict().values()):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=k)
+    finally:
+        t.close()
+
+
+def test_compile_refuses_memory_models(tmp_path):
+    with pytest.raises(ConfigError, match="'compile'"):
+        phalanx.train(run_dir=tmp_path / "r", model="lstm", compile=True, **CFG)
