@@ -210,12 +210,13 @@ class NaNRewardEnv(phalanx.envs.cartpole.CartPoleEnv):
         return rec
 
 
-def test_nonfinite_loss_stops_with_snapshot(tmp_path):
+def test_nonfinite_env_rewards_stop_with_snapshot(tmp_path):
     from phalanx.envs import EnvSpec, register
+    from phalanx.errors import NonFiniteEnvError
 
     register(EnvSpec("test_nan_cartpole", NaNRewardEnv, "cartpole with NaN rewards after 40 steps"))
     run = tmp_path / "r"
-    with pytest.raises(NonFiniteLossError, match="non-finite") as info:
+    with pytest.raises(NonFiniteEnvError, match="env 'test_nan_cartpole' returned") as info:
         phalanx.train(env="test_nan_cartpole", total_steps=128 * 6, checkpoint_every=128, run_dir=run, **SMALL)
     # Updates 1-2 (steps 0..31 per env) are clean; update 3 sees NaN rewards.
     assert ckpt.latest_checkpoint(run).name == f"step_{2 * 128:012d}"
@@ -225,6 +226,33 @@ def test_nonfinite_loss_stops_with_snapshot(tmp_path):
     assert torch.isnan(batch["returns"]).any()
     assert json.loads((snap / "config.json").read_text())["env"] == "test_nan_cartpole"
     phalanx.load(run)  # the last good checkpoint still loads
+
+
+def test_nonfinite_loss_stops_with_snapshot(tmp_path):
+    from phalanx.config import resolve
+    from phalanx.train import Trainer
+
+    run = tmp_path / "r"
+    t = Trainer(resolve(dict(env="cartpole", total_steps=128 * 6, checkpoint_every=128, run_dir=str(run), **SMALL)))
+    calls = {"n": 0}
+
+    def poison(module, inputs, output):  # the critic turns NaN in the third update's forward passes
+        if torch.is_grad_enabled():
+            calls["n"] += 1
+            if calls["n"] > 2 * SMALL["num_minibatches"] * SMALL.get("num_epochs", 4):
+                return output * float("nan")
+        return output
+
+    t.model.critic.register_forward_hook(poison)
+    try:
+        with pytest.raises(NonFiniteLossError, match="non-finite") as info:
+            t.train()
+    finally:
+        t.close()
+    assert ckpt.latest_checkpoint(run).name == f"step_{2 * 128:012d}"
+    snap = next(run.glob("nonfinite_update_*"))
+    assert snap.name == "nonfinite_update_000003" and str(snap) in str(info.value)
+    ckpt.load_checkpoint(ckpt.latest_checkpoint(run))  # the last good checkpoint is intact
 
 
 def test_python_api_load_and_act(tmp_path):

@@ -99,11 +99,12 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     root = Path(run_dir) / CKPT_DIR
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(_PREFIX))
+    # A symlinked entry could point anywhere: it is neither loaded nor pruned.
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink() and p.name.startswith(_PREFIX))
 
 
 def prune(root: Path, keep: int) -> None:
-    done = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(_PREFIX))
+    done = sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink() and p.name.startswith(_PREFIX))
     for old in done[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     for stale in root.glob(".tmp-*"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 import typing
 from dataclasses import dataclass, field
@@ -101,6 +102,8 @@ class Config:
     pool_size: int = _f(8, "snapshots kept in the self-play pool (plus pinned ones)", positive=True)
     snapshot_every: int = _f(0, "snapshot the learner into the pool every this many steps (0: every 5% of the run)", min=0)
     pin_every: int = _f(0, "keep the snapshot taken after each multiple of this many steps forever (0: none)", min=0)
+    nonfinite_env: str = _f("stop", "NaN / infinite values from the env: stop (the run ends with a snapshot) or zero (replace "
+                            "with 0 and count them in env_nonfinite)", choices=("stop", "zero"))
     compile: bool = _f(False, "compile the policy step and the update's forward with torch.compile (first updates are slow)")
     # Run.
     run_dir: str = _f("", "run directory (default: runs/<env>-<time>)")
@@ -164,14 +167,19 @@ def _coerce(key: str, value: Any) -> Any:
     if want is float:
         if isinstance(value, bool):
             raise bad
+        out = None
         if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
+            out = float(value)
+        elif isinstance(value, str):
             try:
-                return float(value)
+                out = float(value)
             except ValueError:
                 raise bad from None
-        raise bad
+        if out is None:
+            raise bad
+        if not math.isfinite(out):
+            raise ConfigError(f"config key '{key}' must be a finite number, got {value!r}")
+        return out
     if want is str:
         if isinstance(value, (str, PurePath)):
             return str(value)
@@ -243,7 +251,7 @@ def resolve(*layers: dict[str, Any] | None) -> Config:
         for key, value in (layer or {}).items():
             key = key.replace("-", "_")
             if key not in FIELDS:
-                raise ConfigError(f"unknown config key '{key}'; see `phalanx train --help` for the keys")
+                raise ConfigError(f"unknown config key {key!r}; see `phalanx train --help` for the keys")
             if key == "env_options":
                 env_opts.update(_coerce(key, value))
             else:

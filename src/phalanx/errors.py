@@ -15,3 +15,7 @@ class CheckpointError(PhalanxError):
 
 class NonFiniteLossError(PhalanxError):
     """A loss became NaN or infinite during the update."""
+
+
+class NonFiniteEnvError(PhalanxError):
+    """An environment returned NaN or infinite observations, states or rewards."""

@@ -161,3 +161,17 @@ def free_memory_bytes(device: torch.device) -> int | None:
         except OSError:
             return None
     return None
+
+
+RUN_ENTRIES = ("checkpoints", "league", "tb", "plots", "metrics.jsonl", "config.json", "manifest.json", "eval.json",
+               "reward_breakdown.csv", "behavior_metrics.csv", ".lock")
+
+
+def check_run_dir(run_dir: Path) -> None:
+    """Refuse a run directory whose entries are symlinks: training writes, prunes and deletes in
+    them, and must never do so outside the directory it was given."""
+    for name in RUN_ENTRIES:
+        p = Path(run_dir) / name
+        if p.is_symlink():
+            raise PhalanxError(f"'{p}' is a symlink (to '{os.readlink(p)}'); refusing to write outside the run "
+                               f"directory '{run_dir}'")

@@ -26,7 +26,7 @@ from phalanx.distributed import Dist
 from phalanx.envs import make
 from phalanx.envs.base import VecEnv, generator_state, set_generator_state
 from phalanx.envs.spaces import Box
-from phalanx.errors import CheckpointError, ConfigError, NonFiniteLossError
+from phalanx.errors import CheckpointError, ConfigError, NonFiniteEnvError, NonFiniteLossError
 from phalanx.models import MLPActorCritic
 
 # Keys that may differ when resuming; everything else must match the saved run.
@@ -199,6 +199,7 @@ class Trainer:
         self.lock = runs.RunLock(self.run_dir)
         if self.main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            runs.check_run_dir(self.run_dir)
             self.lock.acquire()
         self.dist.barrier()
         if self.dist.enabled and cfg.opponents:
@@ -240,6 +241,7 @@ class Trainer:
         self.recurrent = getattr(self.model, "recurrent", False)
         if self.recurrent:
             self.memory = self.model.initial_state(self.N * self.A, self.device)
+            self.prev_done = torch.zeros(self.N, self.A, dtype=torch.bool, device=self.device)
         self._act, self._evaluate_fn = self.model.act if not self.recurrent else None, self._evaluate
         if cfg.compile:
             if self.recurrent:
@@ -247,7 +249,6 @@ class Trainer:
             # Shapes are fixed for the whole run (num_envs, minibatch size), so each compiles once.
             self._act = torch.compile(self.model.act, dynamic=False)
             self._evaluate_fn = torch.compile(self._evaluate, dynamic=False)
-            self.prev_done = torch.zeros(self.N, self.A, dtype=torch.bool, device=self.device)
         self.writer = None
         self.checkpoint_every = cfg.checkpoint_every or max(cfg.batch_size, cfg.total_steps // 10)
         self._last_ckpt_step = 0
@@ -315,7 +316,8 @@ class Trainer:
         """
         b, rec = self.buf, self.record
         zero = lambda: torch.zeros((), device=self.device)  # noqa: E731
-        stats = {"ep_return_sum": zero(), "ep_length_sum": zero(), "episodes": zero(), "team_return_sum": zero(), "team_episodes": zero()}
+        stats = {"ep_return_sum": zero(), "ep_length_sum": zero(), "episodes": zero(), "team_return_sum": zero(), "team_episodes": zero(),
+                 "env_nonfinite": zero(), "env_first_bad_step": torch.full((), -1.0, device=self.device)}
         head, learner = self.model.head, self.learner
         obs_n = self._obs_in(rec.obs, update=True, mask=rec.active & learner)
         memory_critic = getattr(self.model, "memory_critic", False)
@@ -344,7 +346,7 @@ class Trainer:
             b["values"][t] = value
             b["active"][t] = acting
             prev_active = rec.active
-            rec = self.env.step(head.to_env(action))
+            rec = self._checked(self.env.step(head.to_env(action)), t, stats)
             next_n = self._obs_in(rec.obs, update=True, mask=rec.active & learner)
             reward = rec.reward
             done = rec.terminated | rec.truncated
@@ -394,6 +396,21 @@ class Trainer:
             obs_n = next_n
         self.record = rec
         return stats
+
+    def _checked(self, rec: Any, t: int, stats: dict[str, torch.Tensor]):
+        """The env boundary: count NaN / infinite observations, states and rewards on the device
+        (read with the update's metrics); `nonfinite_env: zero` also replaces them with 0."""
+        fields = [f for f in ("obs", "final_obs", "reward", "state", "final_state") if getattr(rec, f) is not None]
+        if self.image:  # uint8 pixels cannot be NaN
+            fields = [f for f in fields if f not in ("obs", "final_obs")]
+        bad = sum((~torch.isfinite(getattr(rec, f))).sum() for f in fields)
+        stats["env_nonfinite"] += bad
+        stats["env_first_bad_step"] = torch.where((stats["env_first_bad_step"] < 0) & (bad > 0), float(t),
+                                                  stats["env_first_bad_step"])
+        if self.cfg.nonfinite_env == "zero":
+            for f in fields:
+                setattr(rec, f, torch.nan_to_num(getattr(rec, f), nan=0.0, posinf=0.0, neginf=0.0))
+        return rec
 
     def _learner_mean(self, v: torch.Tensor) -> torch.Tensor:
         """An info value per env [N]: per-slot values [N, A] averaged over the learner's slots."""
@@ -695,6 +712,16 @@ class Trainer:
                 if self.league is not None:
                     row.update(self.league.end_update(self.global_step, self.model, self.norms.obs))
                 nonfinite = row_vals.pop("nonfinite")
+                env_bad, first_bad = row_vals.pop("env_nonfinite"), row_vals.pop("env_first_bad_step")
+                if env_bad > 0:
+                    row["env_nonfinite"] = env_bad
+                    if cfg.nonfinite_env == "stop":
+                        step = self.global_step - self.steps_per_update + int(first_bad) * cfg.num_envs * self.dist.world
+                        where = self._save_nonfinite(row)
+                        raise NonFiniteEnvError(
+                            f"env '{cfg.env}' returned {int(env_bad)} NaN or infinite values (observations, states or "
+                            f"rewards), first at rollout step {int(first_bad)} of update {self.update_idx} (about step "
+                            f"{step}); batch and config saved to '{where}'; set nonfinite_env=zero to replace them with 0")
                 row.update({k: v for k, v in row_vals.items()})
                 row["lr"] = self.optimizer.param_groups[0]["lr"]
                 row["sps"] = self.steps_per_update / dt

@@ -912,7 +912,7 @@ register(
             "reward_scale": EnvOption(0.01, "factor on every reward term (the terms keep the WORKLOADS weights)"),
         },
         train_defaults={
-            "num_envs": 64, "num_steps": 64, "total_steps": 3_000_000, "lr": 3e-4, "gamma": 0.99, "gae_lambda": 0.95,
+            "model": "role_attention", "num_envs": 64, "num_steps": 64, "total_steps": 2_000_000, "lr": 3e-4, "gamma": 0.99, "gae_lambda": 0.95,
             "ent_coef": 0.0, "norm_obs": True, "norm_reward": True, "critic": "mappo", "param_sharing": "shared_id",
             "hidden_sizes": [128, 128],
         },

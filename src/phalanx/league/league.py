@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +65,14 @@ class Opponent:
     retired: bool = False  # out of the pool: no new games, kept until no env plays it
 
 
+_SNAPSHOT_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")
+
+
 def snapshot_path(run_dir: Path, name: str) -> Path:
+    """The file of snapshot `name`; names come from league.json, so one that could reach outside the
+    run directory is refused."""
+    if not _SNAPSHOT_NAME.fullmatch(name) or name.startswith("."):
+        raise CheckpointError(f"league snapshot name {name!r} is not allowed (letters, digits, _ . - only)")
     return Path(run_dir) / SNAPSHOT_DIR / f"{name}.safetensors"
 
 

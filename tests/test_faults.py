@@ -1,0 +1,132 @@
+"""Fault injection and bad input: NaN from envs, path safety of league snapshot names, config fuzzing."""
+
+import json
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import phalanx
+from phalanx.cli import main
+from phalanx.config import FIELDS, resolve
+from phalanx.errors import CheckpointError, NonFiniteEnvError, PhalanxError
+from phalanx.train import Trainer
+
+SMALL = dict(env="cartpole", num_envs=4, num_steps=16, num_minibatches=2, num_epochs=1, progress=False, tensorboard=False)
+
+
+def _poison(trainer: Trainer, at_call: int, field: str, value: float) -> None:
+    step, calls = trainer.env.step, {"n": 0}
+
+    def bad_step(actions):
+        rec = step(actions)
+        calls["n"] += 1
+        if calls["n"] == at_call:
+            t = getattr(rec, field).clone()
+            t.view(-1)[1] = value
+            setattr(rec, field, t)
+        return rec
+
+    trainer.env.step = bad_step
+
+
+@pytest.mark.parametrize("field,value", [("obs", float("nan")), ("reward", float("inf")), ("final_obs", float("-inf"))])
+def test_nonfinite_env_values_stop_the_run_with_a_snapshot(tmp_path, field, value):
+    t = Trainer(resolve(dict(SMALL, run_dir=str(tmp_path / "r"), norm_obs=True)))
+    try:
+        _poison(t, at_call=16 + 5, field=field, value=value)  # the second update's 6th step
+        with pytest.raises(NonFiniteEnvError) as e:
+            t.train()
+        msg = str(e.value)
+        assert "env 'cartpole'" in msg and "rollout step 4 of update 2" in msg and "nonfinite_update_000002" in msg
+        assert (tmp_path / "r" / "nonfinite_update_000002" / "batch.safetensors").is_file()
+        assert [json.loads(x)["update"] for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()] == [1]
+    finally:
+        t.close()
+
+
+def test_nonfinite_env_values_can_be_zeroed_and_counted(tmp_path):
+    t = Trainer(resolve(dict(SMALL, run_dir=str(tmp_path / "r"), nonfinite_env="zero", norm_obs=True, total_steps=64 * 3)))
+    try:
+        _poison(t, at_call=20, field="obs", value=float("nan"))
+        result = t.train()
+        rows = result.history
+        assert rows[1]["env_nonfinite"] == 1 and "env_nonfinite" not in rows[0] and "env_nonfinite" not in rows[2]
+        assert all(torch.isfinite(p).all() for p in t.model.parameters())
+        assert torch.isfinite(t.norms.obs.mean).all()
+    finally:
+        t.close()
+
+
+def test_snapshot_names_cannot_escape_the_run_directory(tmp_path):
+    from phalanx.league.league import snapshot_path
+
+    for bad in ("../../etc/passwd", "/abs/path", "a/b", "..", "snapshot_1\x00"):
+        with pytest.raises(CheckpointError, match="league snapshot name"):
+            snapshot_path(tmp_path, bad)
+    assert snapshot_path(tmp_path, "snapshot_000000000128").parent == tmp_path / "league" / "snapshots"
+
+
+def test_symlinked_checkpoint_directory_is_not_followed_outside(tmp_path):
+    run = tmp_path / "r"
+    phalanx.train(run_dir=run, total_steps=64, **SMALL)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    ck = run / "checkpoints"
+    for p in ck.iterdir():
+        (outside / p.name).mkdir()
+    import shutil
+
+    shutil.rmtree(ck)
+    ck.symlink_to(outside)
+    before = sorted(str(p.relative_to(outside)) for p in outside.rglob("*"))
+    with pytest.raises(PhalanxError, match="symlink"):
+        phalanx.train(resume=run, total_steps=128)
+    assert sorted(str(p.relative_to(outside)) for p in outside.rglob("*")) == before  # nothing written or pruned there
+    assert main(["train", "--resume", str(run)]) == 2
+
+
+# -- config fuzzing --------------------------------------------------------------------------------------
+_VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12), st.lists(st.integers(-5, 300), max_size=4),
+)
+_KEYS = st.one_of(st.sampled_from(sorted(FIELDS)), st.text(min_size=1, max_size=10))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(overrides=st.dictionaries(_KEYS, _VALUES, max_size=3))
+def test_random_configs_resolve_or_fail_with_one_line(overrides):
+    overrides = {k: v for k, v in overrides.items() if k not in ("run_dir", "device", "torch_threads")}
+    try:
+        cfg = resolve(dict(SMALL), overrides)
+    except PhalanxError as e:
+        msg = str(e)
+        assert "\n" not in msg and len(msg) < 400
+        key = next((k for k in overrides if k in msg), None)
+        assert key is not None or "unknown config key" in msg or "env" in msg, msg
+        return
+    for k, v in cfg.to_dict().items():  # a resolved config holds only sane values
+        if isinstance(v, float):
+            assert math.isfinite(v), k
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(key=st.sampled_from(["num_envs", "num_steps", "lr", "gamma", "clip_coef", "model", "hidden_sizes", "activation"]),
+       value=st.one_of(st.integers(-3, 3), st.floats(-2, 2), st.sampled_from(["", "x", "lstm", "[]", "nan"])))
+def test_cli_train_with_random_values_runs_or_exits_2(tmp_path_factory, key, value, capsys):
+    run = tmp_path_factory.mktemp("fuzz") / "r"
+    argv = ["train", "--env", "cartpole", "--total-steps", "64", "--num-envs", "2", "--num-steps", "32",
+            "--num-minibatches", "1", "--progress", "false", "--tensorboard", "false", "--run-dir", str(run),
+            f"--{key.replace('_', '-')}", str(value)]
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse's own errors (e.g. a negative number read as an option)
+        code = e.code
+    err = capsys.readouterr().err
+    if code == 0:
+        assert (run / "checkpoints").is_dir()
+    else:
+        assert code == 2 and err.count("\n") == 1 and err.startswith("phalanx: error:"), err
