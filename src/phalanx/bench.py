@@ -23,11 +23,29 @@ CPU) and compares the largest phalanx configuration to it.
 cooperative env with the trainer config used to train it (MAPPO critic, shared parameters with an
 agent id, reward normalisation, fully shared team reward), in *agent* steps per second: env steps x
 num_agents. It has no reference columns.
+
+`suite` runs every registered workload (cartpole, pendulum, bucket_brigade, trial_nav, drone_swarm,
+pixel_goal, duel) with its own training defaults and writes a Markdown table and a plot:
+
+    phalanx bench suite [--workloads a,b,...] [--num-envs N[,N...]] [--steps T] [--seconds S] [--sb3]
+                        [--profile-envs N] [--no-profile] [--uncapped] [--out DIR] [--json [FILE]]
+
+Per workload and number of envs: env-only and training agent-steps/s and the peak memory of the
+measurement (CPU: growth of the peak resident set; CUDA: torch.cuda.max_memory_allocated). Then,
+unless --no-profile, the time split of one collect+update cycle per workload, also on its own:
+
+    phalanx bench profile [--workloads a,b,...] [--num-envs N[,N...]] [--steps T] [--seconds S] [--json [FILE]]
+
+`--json` alone prints the result as one JSON object on stdout (everything else goes to stderr);
+`--json FILE` writes it to FILE.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
+import importlib
 import json
 import math
 import os
@@ -35,7 +53,7 @@ import platform
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -43,11 +61,36 @@ from typing import Any
 import torch
 from torch import nn
 
-from phalanx.errors import PhalanxError
+from phalanx.errors import ConfigError, PhalanxError
 
 PPO_SETTINGS = {"num_epochs": 4, "num_minibatches": 8, "hidden_sizes": [64, 64]}
 DEFAULT_NUM_ENVS = {"cartpole": [8, 64, 512, 4096], "bucket_brigade": [64, 256, 1024, 4096]}
 SB3_ROLLOUT = 2048 * 8  # SB3 defaults: n_steps 2048 per env, 8 envs
+TARGETS = [*DEFAULT_NUM_ENVS, "suite", "profile"]
+
+# The suite's default num_envs per workload, chosen so that one training iteration (num_envs x the
+# workload's own num_steps x num_agents agent steps) stays within ~10 s on a 2-core CPU; and the
+# num_envs of its update-cycle profile. A workload registered later without an entry gets the fallbacks.
+SUITE_NUM_ENVS = {
+    "cartpole": [64, 256, 1024, 4096, 16384],
+    "pendulum": [64, 256, 1024, 4096],
+    "bucket_brigade": [64, 256, 1024, 4096],
+    "trial_nav": [64, 256, 1024],
+    "drone_swarm": [64, 256, 1024],
+    "pixel_goal": [16, 64, 256],
+    "duel": [64, 256, 1024],
+}
+SUITE_FALLBACK_NUM_ENVS = [64, 256, 1024]
+PROFILE_NUM_ENVS = {"cartpole": 4096, "pendulum": 4096, "bucket_brigade": 4096, "pixel_goal": 64}
+PROFILE_FALLBACK_NUM_ENVS = 1024
+# num_envs above a cap are skipped with a note unless --uncapped: pixel_goal's rollout buffer keeps
+# uint8 4x72x80 frame stacks, 23 KB per agent step (1024 envs x 128 steps = 3 GB).
+SUITE_MAX_ENVS = {"pixel_goal": 1024}
+DEFAULT_OUT = "bench/results"
+
+
+def _caps_text() -> str:
+    return ", ".join(f"{k} {v}" for k, v in SUITE_MAX_ENVS.items())
 
 
 class BenchError(PhalanxError):
@@ -87,26 +130,42 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="phalanx bench",
         description="Throughput benchmarks. Targets: cartpole (env, rollout and PPO training steps/s vs. references); "
-                    "bucket_brigade (env, rollout and MAPPO training agent-steps/s of the 4-agent env, no references).",
+                    "bucket_brigade (env, rollout and MAPPO training agent-steps/s of the 4-agent env, no references); "
+                    "suite (env-only and training agent-steps/s, peak memory and the update-cycle profile of every "
+                    "workload; writes DIR/bench.md and DIR/bench.png); profile (the update-cycle time split alone).",
     )
-    p.add_argument("target", nargs="?", choices=list(DEFAULT_NUM_ENVS), help="what to benchmark")
+    p.add_argument("target", nargs="?", choices=TARGETS, help="what to benchmark")
     p.add_argument("--num-envs", type=_int_list, default=None, metavar="N[,N...]",
-                   help="numbers of parallel envs to measure [cartpole: 8,64,512,4096; bucket_brigade: 64,256,1024,4096]")
-    p.add_argument("--steps", type=_positive(int), default=32, help="rollout length per env (num_steps) [32]")
+                   help="numbers of parallel envs to measure [cartpole: 8,64,512,4096; bucket_brigade: 64,256,1024,4096; "
+                        "suite and profile: per workload, see bench/README.md]")
+    p.add_argument("--steps", type=_positive(int), default=None,
+                   help="rollout length per env (num_steps) [32; suite and profile: the workload's own]")
     p.add_argument("--seconds", type=_positive(float), default=2.5,
                    help="time budget of each measurement, after one warm-up iteration [2.5]")
     p.add_argument("--threads", type=_positive(int), default=None, help="torch CPU threads [torch's default]")
     p.add_argument("--device", default="cpu", help="torch device for phalanx and the reference [cpu]")
     p.add_argument("--no-ref", dest="ref", action="store_false",
                    help="cartpole: skip the minimal pure-torch PPO reference (bucket_brigade has none)")
-    p.add_argument("--sb3", action="store_true", help="cartpole: also measure Stable-Baselines3 PPO (defaults, 8 envs, CPU)")
+    p.add_argument("--sb3", action="store_true",
+                   help="cartpole, suite: also measure Stable-Baselines3 PPO (defaults, 8 envs, CPU)")
     p.add_argument("--sb3-rollouts", type=_positive(int), default=2,
-                   help="cartpole: SB3 rollout+update cycles of 16384 steps to time [2]")
+                   help="cartpole, suite: SB3 rollout+update cycles of 16384 steps to time [2]")
     p.add_argument("--scenario", default=None, metavar="NAME",
                    help="bucket_brigade: scenario (see `phalanx envs`) [default]")
+    p.add_argument("--workloads", default=None, metavar="NAME[,NAME...]",
+                   help="suite, profile: the workloads to run [all registered ones]")
+    p.add_argument("--profile-envs", type=_positive(int), default=None, metavar="N",
+                   help="suite: num_envs of the update-cycle profile [per workload, see bench/README.md]")
+    p.add_argument("--no-profile", dest="profile", action="store_false", help="suite: skip the update-cycle profile")
+    p.add_argument("--uncapped", action="store_true",
+                   help=f"suite, profile: also measure num_envs above a workload's cap ({_caps_text()})")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help=f"suite: where bench.md and bench.png go [{DEFAULT_OUT}]; profile: write DIR/profile.md [none]")
     p.add_argument("--wait-idle", type=float, default=0.0, metavar="S",
                    help="before each measurement wait up to S seconds for other processes to go quiet [0]")
-    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
+                   help="also write the results as JSON to FILE; without FILE print them as one JSON object on stdout "
+                        "(and everything else on stderr)")
     return p
 
 
@@ -248,11 +307,24 @@ def bucket_brigade_config(num_envs: int, num_steps: int, run_dir: str, threads: 
     })
 
 
+def train_iteration(trainer: Any, after_collect: Callable[[], None] | None = None) -> None:
+    """One training iteration as `Trainer.train` runs it, minus logging: collect, update, the one host read
+    (`after_collect` is called in between)."""
+    stats = trainer.collect()
+    if after_collect is not None:
+        after_collect()
+    trainer.global_step += trainer.cfg.batch_size
+    metrics = trainer.update()
+    trainer.update_idx += 1
+    torch.stack([metrics["loss"].float(), stats["episodes"].float()]).tolist()
+
+
 def bench_trainer(
-    num_envs: int, num_steps: int, seconds: float, threads: int | None, device: str, config: Callable[..., Any] = phalanx_config
-) -> tuple[dict, dict]:
-    """(rollout, train) measurements of one Trainer built from `config(num_envs, num_steps, run_dir, threads, device)`.
-    Rates count agent steps: num_envs x num_steps x num_agents per iteration."""
+    num_envs: int, num_steps: int | None, seconds: float, threads: int | None, device: str,
+    config: Callable[..., Any] = phalanx_config, rollout: bool = True,
+) -> tuple[dict | None, dict]:
+    """(rollout, train) measurements of one Trainer built from `config(num_envs, num_steps, run_dir, threads, device)`;
+    rollout is None with `rollout=False`. Rates count agent steps: num_envs x num_steps x num_agents per iteration."""
     from phalanx.train import Trainer
 
     with tempfile.TemporaryDirectory(prefix="phalanx-bench-") as tmp:
@@ -260,22 +332,12 @@ def bench_trainer(
         trainer = Trainer(cfg)
         try:
             dev = trainer.device
-            batch = cfg.batch_size
-            agent_steps = batch * trainer.A
-            rollout = measure(trainer.collect, agent_steps, seconds, dev)
-
-            def iteration() -> None:
-                stats = trainer.collect()
-                trainer.global_step += batch
-                metrics = trainer.update()
-                trainer.update_idx += 1
-                # The trainer's one host read per update.
-                torch.stack([metrics["loss"].float(), stats["episodes"].float()]).tolist()
-
-            train = measure(iteration, agent_steps, seconds, dev)
+            agent_steps = cfg.batch_size * trainer.A
+            rolled = measure(trainer.collect, agent_steps, seconds, dev) if rollout else None
+            train = measure(partial(train_iteration, trainer), agent_steps, seconds, dev)
         finally:
             trainer.close()
-    return rollout, train
+    return rolled, train
 
 
 # -- minimal pure-torch PPO (the reference) --------------------------------------------------------
@@ -451,9 +513,21 @@ def _print_header(columns: list[tuple[str, int]]) -> None:
     print("-" * len(header), flush=True)
 
 
+def _cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux), else what `platform` knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def _machine(device: torch.device) -> dict[str, Any]:
     return {
-        "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+        "platform": platform.platform(), "processor": platform.processor() or platform.machine(), "cpu_model": _cpu_model(),
         "cpu_count": os.cpu_count(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
         "device": str(device), "python": platform.python_version(),
         "loadavg_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None,
@@ -506,28 +580,34 @@ def run_cartpole(args: argparse.Namespace) -> dict[str, Any]:
                      f"{ratio:.2f}x" if ratio else "-", _fmt_busy(row["others_busy"])]), flush=True)
     _warn_busy(out["rows"])
     if args.sb3:
-        print()
-        try:
-            import stable_baselines3  # noqa: F401
-        except ImportError:
-            print("sb3: stable-baselines3 is not installed; install the bench extra: pip install -e '.[bench]'")
-            out["sb3"] = None
-        else:
-            if _WAIT_IDLE > 0:
-                wait_for_idle(_WAIT_IDLE)
-            print(f"sb3: timing PPO defaults on CartPole-v1 ({args.sb3_rollouts} x {SB3_ROLLOUT} steps, 8 envs, CPU)...",
-                  flush=True)
-            sb3 = bench_sb3(args.sb3_rollouts)
-            best = max(out["rows"], key=lambda r: r["num_envs"])
-            sb3["phalanx_num_envs"] = best["num_envs"]
-            sb3["phalanx_over_sb3"] = best["train"]["sps"] / sb3["sps"]
-            out["sb3"] = sb3
-            print(f"sb3 {sb3['version']} PPO (MlpPolicy, n_steps {sb3['n_steps']}, batch {sb3['batch_size']}, "
-                  f"{sb3['n_epochs']} epochs, {sb3['num_envs']} envs): {_fmt(sb3['sps'])} steps/s"
-                  + (f" (others used {sb3['others_busy']:.0%} of the CPUs)" if sb3["others_busy"] is not None else ""))
-            print(f"phalanx train at {best['num_envs']} envs: {_fmt(best['train']['sps'])} steps/s = "
-                  f"{sb3['phalanx_over_sb3']:.1f}x SB3")
+        best = max(out["rows"], key=lambda r: r["num_envs"])
+        out["sb3"] = sb3_comparison(args.sb3_rollouts, best["num_envs"], best["train"]["sps"])
     return out
+
+
+def sb3_comparison(rollouts: int, num_envs: int | None, train_sps: float | None) -> dict[str, Any] | None:
+    """Time SB3 PPO (`bench_sb3`) and relate phalanx's cartpole training rate `train_sps` at `num_envs` to it.
+    Prints what it finds; None where stable-baselines3 is not installed."""
+    print()
+    try:
+        import stable_baselines3  # noqa: F401
+    except ImportError:
+        print("sb3: stable-baselines3 is not installed; install the bench extra: pip install -e '.[bench]'")
+        return None
+    if _WAIT_IDLE > 0:
+        wait_for_idle(_WAIT_IDLE)
+    print(f"sb3: timing PPO defaults on CartPole-v1 ({rollouts} x {SB3_ROLLOUT} steps, 8 envs, CPU)...", flush=True)
+    sb3 = bench_sb3(rollouts)
+    sb3["phalanx_num_envs"], sb3["phalanx_sps"] = num_envs, train_sps
+    sb3["phalanx_over_sb3"] = train_sps / sb3["sps"] if train_sps else None
+    print(f"sb3 {sb3['version']} PPO (MlpPolicy, n_steps {sb3['n_steps']}, batch {sb3['batch_size']}, "
+          f"{sb3['n_epochs']} epochs, {sb3['num_envs']} envs): {_fmt(sb3['sps'])} steps/s"
+          + (f" (others used {sb3['others_busy']:.0%} of the CPUs)" if sb3["others_busy"] is not None else ""))
+    if train_sps:
+        print(f"phalanx train at {num_envs} envs: {_fmt(train_sps)} steps/s = {sb3['phalanx_over_sb3']:.1f}x SB3")
+    else:
+        print("phalanx: no cartpole training rate to compare with")
+    return sb3
 
 
 BB_COLUMNS = [("num_envs", 8), ("env", 9), ("rollout", 9), ("train", 9), ("others", 6)]
@@ -568,6 +648,536 @@ def run_bucket_brigade(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+# -- suite: every workload -------------------------------------------------------------------------
+def workload_names() -> list[str]:
+    """The registered workloads (the gym:/pz: prefix adapters are not), in the suite's order, then any others."""
+    from phalanx.envs import registered
+
+    names = sorted(registered())
+    return [n for n in SUITE_NUM_ENVS if n in names] + [n for n in names if n not in SUITE_NUM_ENVS]
+
+
+def parse_workloads(text: str | None) -> list[str]:
+    """`--workloads a,b` -> the names, checked against the registry (all of them when not given)."""
+    allowed = workload_names()
+    if text is None:
+        return allowed
+    picked = list(dict.fromkeys(w.strip() for w in text.split(",") if w.strip()))
+    unknown = [w for w in picked if w not in allowed] or ([] if picked else [text])
+    if unknown:
+        raise BenchError(f"bench: unknown workload '{unknown[0]}'; allowed: {', '.join(allowed)}")
+    return picked
+
+
+def workload_config(name: str, num_envs: int, num_steps: int | None, run_dir: str, threads: int | None, device: str):
+    """The config `name` trains with (its train_defaults over the schema defaults) at `num_envs`; `num_steps`
+    None keeps the workload's own rollout length."""
+    from phalanx.config import resolve
+
+    layer: dict[str, Any] = {
+        "env": name, "num_envs": num_envs, "tensorboard": False, "progress": False, "run_dir": run_dir,
+        "total_steps": 10**12, "torch_threads": threads or 0, "device": device, "seed": 1,
+    }
+    if num_steps is not None:
+        layer["num_steps"] = num_steps
+    return resolve(layer)
+
+
+def workload_info(name: str, num_steps: int | None) -> dict[str, Any]:
+    """The agents per env and the training settings that shape the workload's cost (for the table and the JSON)."""
+    from phalanx.config import resolve
+    from phalanx.envs import make
+
+    env = make(name, num_envs=1)
+    try:
+        num_agents = env.num_agents
+    finally:
+        env.close()
+    cfg = resolve({"env": name, **({"num_steps": num_steps} if num_steps else {})}).to_dict()
+    keys = ("num_steps", "model", "hidden_sizes", "num_epochs", "num_minibatches", "critic", "param_sharing", "opponents")
+    return {"num_agents": num_agents, **{k: cfg[k] for k in keys}}
+
+
+def _suite_num_envs(name: str, args: argparse.Namespace) -> list[int]:
+    return list(args.num_envs or SUITE_NUM_ENVS.get(name, SUITE_FALLBACK_NUM_ENVS))
+
+
+def _above_cap(name: str, num_envs: int, args: argparse.Namespace) -> str | None:
+    """The note of a num_envs above the workload's cap (None where it may run)."""
+    cap = SUITE_MAX_ENVS.get(name)
+    if cap is None or num_envs <= cap or args.uncapped:
+        return None
+    return f"skipped: above {name}'s cap of {cap} envs (its rollout buffer is large; --uncapped runs it)"
+
+
+# -- peak memory -----------------------------------------------------------------------------------
+def _proc_status_kib(key: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _reset_peak_rss() -> bool:
+    """Reset the process's peak resident set to its current one (Linux >= 4.0); False where not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return _proc_status_kib("VmHWM") is not None
+
+
+def _maxrss_bytes() -> int:
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # macOS: bytes; Linux: KiB
+
+
+def _trim_heap() -> None:
+    """Free what can be freed and hand glibc's free heap back to the OS, so the next baseline is the live set."""
+    gc.collect()
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+class PeakMemory:
+    """Peak memory of the block in `with PeakMemory(device) as mem:`; afterwards `mem.result` = {"bytes", "method"}.
+
+    * "cuda_max_memory_allocated": `torch.cuda.max_memory_allocated` after `reset_peak_memory_stats`, the most
+      bytes held by tensors at once (not the caching allocator's reserve, not the CUDA context).
+    * "rss_peak_growth" (CPU, Linux): the process's peak resident set during the block (VmHWM, the figure
+      `ru_maxrss` reports) minus its resident set at the start; the peak is reset through
+      /proc/self/clear_refs and glibc's free heap trimmed first, so an earlier, larger measurement does not
+      hide this one. It counts everything the block touched: env, model, optimizer, rollout buffer, temporaries.
+    * "ru_maxrss_growth" (CPU where the peak cannot be reset): how far the block raised `ru_maxrss`; 0 when it
+      stayed below an earlier peak, so only the largest measurement so far is exact.
+    * "unavailable" (other devices): bytes None.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.result: dict[str, Any] = {"bytes": None, "method": "unavailable"}
+        self._base = 0
+        self._method = "unavailable"
+
+    def __enter__(self) -> PeakMemory:
+        _trim_heap()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._method = "cuda_max_memory_allocated"
+        elif self.device.type == "cpu" and _reset_peak_rss():
+            self._method, self._base = "rss_peak_growth", (_proc_status_kib("VmRSS") or 0) * 1024
+        elif self.device.type == "cpu":
+            self._method, self._base = "ru_maxrss_growth", _maxrss_bytes()
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        if self._method == "cuda_max_memory_allocated":
+            _sync(self.device)
+            peak = int(torch.cuda.max_memory_allocated(self.device))
+        elif self._method == "rss_peak_growth":
+            peak = max(0, (_proc_status_kib("VmHWM") or 0) * 1024 - self._base)
+        elif self._method == "ru_maxrss_growth":
+            peak = max(0, _maxrss_bytes() - self._base)
+        else:
+            peak = None
+        self.result = {"bytes": peak, "method": self._method}
+        return False
+
+
+def _fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    if n >= 2**30:
+        return f"{n / 2**30:.2f} GiB"
+    return f"{n / 2**20:.0f} MiB" if n >= 10 * 2**20 else f"{n / 2**20:.1f} MiB"
+
+
+# -- suite rows ------------------------------------------------------------------------------------
+def suite_row(name: str, num_envs: int, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """Training and env-only agent-steps/s and the peak memory of `name` at `num_envs`. A row that cannot run
+    (above the workload's cap, a rollout buffer that would not fit, a config the workload rejects, a failure)
+    keeps None figures and says why in `note`."""
+    row: dict[str, Any] = {"workload": name, "num_envs": num_envs, "env": None, "train": None, "peak_memory": None,
+                           "others_busy": None, "note": _above_cap(name, num_envs, args)}
+    if row["note"]:
+        return row
+    try:
+        with PeakMemory(device) as mem:
+            _, train = bench_trainer(num_envs, args.steps, args.seconds, args.threads, str(device),
+                                     partial(workload_config, name), rollout=False)
+            env = bench_env(num_envs, args.seconds, device, name)
+    except ConfigError as e:  # e.g. the rollout buffer would exceed 80% of the free memory
+        row["note"] = f"skipped: {e}"
+        return row
+    except Exception as e:  # one broken workload must not end a long suite; the note shows it
+        row["note"] = f"failed: {type(e).__name__}: {e}"
+        return row
+    row.update(env=env, train=train, peak_memory=mem.result, others_busy=_others(env, train))
+    return row
+
+
+def warm_up(name: str, num_envs: int, args: argparse.Namespace, device: torch.device) -> None:
+    """One untimed training iteration of `name`, so that one-time costs (lazy imports, thread pools, kernel and
+    allocator caches) fall outside the first row's rates and memory. Errors are left to the rows to report."""
+    from phalanx.train import Trainer
+
+    with contextlib.suppress(Exception), tempfile.TemporaryDirectory(prefix="phalanx-bench-") as tmp:
+        trainer = Trainer(workload_config(name, num_envs, args.steps, tmp, args.threads, str(device)))
+        try:
+            train_iteration(trainer)
+        finally:
+            trainer.close()
+
+
+SUITE_COLUMNS = [("workload", 14), ("num_envs", 8), ("env-only", 9), ("training", 9), ("peak mem", 10), ("others", 6)]
+
+
+def _sps(m: dict | None) -> float | None:
+    return m["sps"] if m else None
+
+
+def _suite_line(row: dict[str, Any]) -> str:
+    mem = row["peak_memory"]["bytes"] if row["peak_memory"] else None
+    cells = [row["workload"], str(row["num_envs"]), _fmt(_sps(row["env"])), _fmt(_sps(row["train"])), _fmt_bytes(mem),
+             _fmt_busy(row["others_busy"])]
+    return _line(cells, SUITE_COLUMNS) + (f"  {row['note']}" if row["note"] else "")
+
+
+def _machine_line(m: dict[str, Any]) -> str:
+    return (f"{m['cpu_model']}, {m['cpu_count']} CPUs, {m['torch_threads']} torch threads, torch {m['torch']}, "
+            f"device {m['device']}, Python {m['python']}")
+
+
+def _suite_sb3(rows: list[dict[str, Any]], rollouts: int) -> dict[str, Any] | None:
+    """SB3 against the suite's cartpole training rate at its largest measured num_envs."""
+    measured = [r for r in rows if r["workload"] == "cartpole" and r["train"]]
+    best = max(measured, key=lambda r: r["num_envs"]) if measured else None
+    return sb3_comparison(rollouts, best and best["num_envs"], best and best["train"]["sps"])
+
+
+def run_suite(args: argparse.Namespace) -> dict[str, Any]:
+    """`phalanx bench suite`: the rows of every workload, SB3 (--sb3), the profile, then bench.md and bench.png."""
+    from phalanx import runs
+
+    device = runs.resolve_device(args.device)
+    out: dict[str, Any] = {
+        "target": "suite", "machine": _machine(device),
+        "settings": {"seconds": args.seconds, "num_steps": args.steps, "threads": args.threads, "device": str(device),
+                     "uncapped": args.uncapped},
+        "workloads": {}, "rows": [], "sb3": None, "profile": [],
+    }
+    print(f"phalanx bench suite: {', '.join(args.workload_list)}; {_machine_line(out['machine'])}")
+    print("agent-steps/s (env steps x num_agents, summed over envs, fastest 0.25 s window); training = collect + update "
+          "with the workload's own training config; peak mem = peak memory growth of the row (see bench/README.md)\n")
+    _print_header(SUITE_COLUMNS)
+    for name in args.workload_list:
+        out["workloads"][name] = workload_info(name, args.steps)
+        warm_up(name, min(16, *_suite_num_envs(name, args)), args, device)
+        for n in _suite_num_envs(name, args):
+            if _WAIT_IDLE > 0:
+                wait_for_idle(_WAIT_IDLE)
+            row = suite_row(name, n, args, device)
+            out["rows"].append(row)
+            print(_suite_line(row), flush=True)
+    _warn_busy(out["rows"])
+    if args.sb3:
+        out["sb3"] = _suite_sb3(out["rows"], args.sb3_rollouts)
+    if args.profile:
+        print()
+        # --profile-envs, else the largest --num-envs, else each workload's default (PROFILE_NUM_ENVS)
+        count = args.profile_envs or (max(args.num_envs) if args.num_envs else None)
+        out["profile"] = run_profiles(args, device, [count] if count else None)
+    out["files"] = write_suite_files(out, Path(args.out or DEFAULT_OUT))
+    return out
+
+
+# -- suite outputs ---------------------------------------------------------------------------------
+def suite_markdown(result: dict[str, Any]) -> str:
+    """bench.md: the machine line, the rows, the SB3 comparison and the profile."""
+    m = result["machine"]
+    lines = ["# phalanx bench suite", "", f"Machine: {_machine_line(m)}", "",
+             f"Rates are agent-steps/s (env steps x num_agents, summed over envs; the fastest 0.25 s window of "
+             f"{result['settings']['seconds']:g} s after one warm-up iteration). Training runs collect + update with "
+             "the workload's own training config. Peak memory: "
+             + _memory_text(result["rows"]), "",
+             "| workload | agents | steps | model | num_envs | env-only | training | peak memory | note |",
+             "|---|--:|--:|---|--:|--:|--:|--:|---|"]
+    for r in result["rows"]:
+        w = result["workloads"][r["workload"]]
+        mem = r["peak_memory"]["bytes"] if r["peak_memory"] else None
+        lines.append(f"| {r['workload']} | {w['num_agents']} | {w['num_steps']} | {w['model']} | {r['num_envs']} | "
+                     f"{_fmt(_sps(r['env']))} | {_fmt(_sps(r['train']))} | {_fmt_bytes(mem)} | {r['note'] or ''} |")
+    sb3 = result.get("sb3")
+    if sb3:
+        ratio = f" = {sb3['phalanx_over_sb3']:.1f}x SB3" if sb3["phalanx_over_sb3"] else ""
+        lines += ["", f"Stable-Baselines3 {sb3['version']} PPO (defaults, {sb3['num_envs']} envs, CPU) on CartPole-v1: "
+                      f"{_fmt(sb3['sps'])} steps/s; phalanx cartpole training at {sb3['phalanx_num_envs']} envs: "
+                      f"{_fmt(sb3['phalanx_sps'])} steps/s{ratio}."]
+    if result.get("profile"):
+        lines += ["", "## Update-cycle profile", "", profile_markdown(result["profile"])]
+    return "\n".join(lines) + "\n"
+
+
+def _memory_text(rows: list[dict[str, Any]]) -> str:
+    methods = {r["peak_memory"]["method"] for r in rows if r["peak_memory"]}
+    texts = {
+        "rss_peak_growth": "growth of the process's peak resident set (VmHWM/ru_maxrss, reset before each row) over "
+                           "its resident set at the row's start",
+        "ru_maxrss_growth": "how far the row raised the process's ru_maxrss (0 when below an earlier peak)",
+        "cuda_max_memory_allocated": "torch.cuda.max_memory_allocated during the row (tensors only)",
+        "unavailable": "not measured on this device",
+    }
+    return "; ".join(texts[k] for k in sorted(methods)) + "." if methods else "-."
+
+
+def write_plot(rows: list[dict[str, Any]], path: Path, title: str) -> bool:
+    """bench.png: env-only and training agent-steps/s against num_envs, log-log, one line per workload.
+    False where matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import NullLocator
+    except ImportError:
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    for ax, key, label in zip(axes, ("env", "train"), ("env only", "training")):
+        for name in dict.fromkeys(r["workload"] for r in rows):
+            pts = [(r["num_envs"], r[key]["sps"]) for r in rows if r["workload"] == name and r[key]]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=name)
+        if ax.lines:
+            ax.legend(fontsize=8)
+        ax.set(xscale="log", yscale="log", xlabel="num_envs", ylabel="agent-steps/s", title=label)
+        counts = sorted({r["num_envs"] for r in rows})
+        ax.set_xticks(counts, [str(c) for c in counts])
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.grid(True, which="both", alpha=0.3)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def write_suite_files(result: dict[str, Any], out_dir: Path) -> dict[str, str | None]:
+    """Print the Markdown table and write DIR/bench.md and DIR/bench.png; returns their paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md = suite_markdown(result)
+    print()
+    print(md, end="")
+    (out_dir / "bench.md").write_text(md)
+    png = out_dir / "bench.png"
+    plotted = write_plot(result["rows"], png, "phalanx bench suite: " + _machine_line(result["machine"]))
+    print(f"\nwrote {out_dir / 'bench.md'}" + (f" and {png}" if plotted else " (no plot: matplotlib is not installed)"))
+    return {"markdown": str(out_dir / "bench.md"), "plot": str(png) if plotted else None}
+
+
+# -- update-cycle profile --------------------------------------------------------------------------
+PROFILE_PARTS = [("env_step", "env step"), ("policy_forward", "policy forward"), ("opponents", "opponents"),
+                 ("rollout_other", "rollout other"), ("gae", "GAE"), ("update", "update")]
+
+
+class _Clock:
+    """Wall time per part, summed over the calls of the callables made by `wrap`. A wrapped call made while
+    another wrapped call runs counts to the outer one only, so the parts never overlap. On CUDA/MPS the
+    device is synchronised around each timed call."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.seconds: dict[str, float] = {}
+        self._depth = 0
+
+    def wrap(self, part: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        self.seconds.setdefault(part, 0.0)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if self._depth:
+                return fn(*args, **kwargs)
+            _sync(self.device)
+            t0 = time.perf_counter()
+            self._depth += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._depth -= 1
+                _sync(self.device)
+                self.seconds[part] += time.perf_counter() - t0
+
+        return timed
+
+
+@contextlib.contextmanager
+def patched(patches: list[tuple[Any, str, Any]]) -> Iterator[None]:
+    """Set `obj.name = value` for each (obj, name, value) and restore them afterwards: an attribute the object
+    held itself gets its old value back; one it did not (a method found on its class) is deleted again."""
+    saved: list[tuple[Any, str, bool, Any]] = []
+    try:
+        for obj, name, value in patches:
+            own = name in vars(obj)
+            saved.append((obj, name, own, vars(obj).get(name)))
+            setattr(obj, name, value)
+        yield
+    finally:
+        for obj, name, own, old in reversed(saved):
+            if own:
+                setattr(obj, name, old)
+            else:
+                delattr(obj, name)
+
+
+def _profile_patches(trainer: Any, clock: _Clock) -> list[tuple[Any, str, Any]]:
+    """What the profile wraps: the env step, the rollout's policy and value forwards, the opponents' and
+    teammates' actions (duel's league), and compute_gae as train.py calls it."""
+    train_module = importlib.import_module("phalanx.train")  # `phalanx.train` the attribute is the function
+
+    patches = [(trainer.env, "step", clock.wrap("env_step", trainer.env.step)),
+               (trainer, "_value", clock.wrap("policy_forward", trainer._value)),
+               (train_module, "compute_gae", clock.wrap("gae", train_module.compute_gae))]
+    if trainer._act is not None:
+        patches.append((trainer, "_act", clock.wrap("policy_forward", trainer._act)))
+    if getattr(trainer.model, "recurrent", False):
+        patches.append((trainer.model, "act_step", clock.wrap("policy_forward", trainer.model.act_step)))
+    for filler in (trainer.league, trainer.teammates):
+        if filler is not None:
+            patches.append((filler, "fill", clock.wrap("opponents", filler.fill)))
+    return patches
+
+
+def _timed_cycles(trainer: Any, seconds: float) -> tuple[int, float, float, float]:
+    """(cycles, wall seconds, collect seconds, update seconds) of training iterations run until `seconds` passed
+    (at least one); the update includes the one host read."""
+    dev = trainer.device
+    marks: list[float] = []
+
+    def mark() -> None:
+        _sync(dev)
+        marks.append(time.perf_counter())
+
+    collect = update = 0.0
+    cycles = 0
+    t0 = time.perf_counter()
+    while cycles == 0 or time.perf_counter() - t0 < seconds:
+        marks.clear()
+        mark()
+        train_iteration(trainer, after_collect=mark)
+        mark()
+        collect += marks[1] - marks[0]
+        update += marks[2] - marks[1]
+        cycles += 1
+    _sync(dev)
+    return cycles, time.perf_counter() - t0, collect, update
+
+
+def profile_workload(name: str, num_envs: int, num_steps: int | None, seconds: float, threads: int | None,
+                     device: torch.device) -> dict[str, Any]:
+    """The time split of `name`'s collect+update cycle at `num_envs`: one warm-up cycle, then cycles until
+    `seconds` passed (at least one), every part averaged per cycle. `rollout_other` is the collect time outside
+    the env step, the policy forwards and the opponents (buffers, normalisers, bookkeeping); `update` is the
+    update time outside compute_gae (minibatch forward, backward, optimizer, the host read)."""
+    from phalanx.train import Trainer
+
+    with tempfile.TemporaryDirectory(prefix="phalanx-bench-") as tmp:
+        trainer = Trainer(workload_config(name, num_envs, num_steps, tmp, threads, str(device)))
+        try:
+            train_iteration(trainer)  # warm-up
+            clock = _Clock(trainer.device)
+            with patched(_profile_patches(trainer, clock)):
+                cycles, wall, collect, update = _timed_cycles(trainer, seconds)
+            shape = {"num_agents": trainer.A, "num_steps": trainer.cfg.num_steps}
+        finally:
+            trainer.close()
+    part = {k: clock.seconds.get(k, 0.0) / cycles for k in ("env_step", "policy_forward", "opponents", "gae")}
+    part["rollout_other"] = collect / cycles - part["env_step"] - part["policy_forward"] - part["opponents"]
+    part["update"] = update / cycles - part["gae"]
+    cycle = wall / cycles
+    return {"workload": name, "num_envs": num_envs, **shape, "cycles": cycles, "cycle_seconds": cycle,
+            "agent_steps_per_cycle": num_envs * shape["num_steps"] * shape["num_agents"],
+            "parts": {k: part[k] for k, _ in PROFILE_PARTS}, "fractions": {k: part[k] / cycle for k, _ in PROFILE_PARTS},
+            "model_fraction": (part["policy_forward"] + part["update"]) / cycle, "note": None}
+
+
+def profile_table(p: dict[str, Any]) -> str:
+    """One workload's split as a plain-text table: seconds per cycle and share of the cycle per part."""
+    if p["note"]:
+        return f"{p['workload']} at {p['num_envs']} envs: {p['note']}"
+    lines = [f"{p['workload']}: {p['num_envs']} envs x {p['num_steps']} steps x {p['num_agents']} agents, "
+             f"{p['cycles']} cycle(s) of {p['cycle_seconds']:.3f} s",
+             f"  {'part':<16}{'seconds':>9}{'share':>8}"]
+    lines += [f"  {label:<16}{p['parts'][k]:>9.4f}{p['fractions'][k]:>8.1%}" for k, label in PROFILE_PARTS]
+    lines.append(f"  {'cycle':<16}{p['cycle_seconds']:>9.4f}{1:>8.1%}")
+    lines.append(f"  model compute (policy forward + update): {p['model_fraction']:.1%}")
+    return "\n".join(lines)
+
+
+def profile_markdown(profiles: list[dict[str, Any]]) -> str:
+    """All workloads' splits as one Markdown table: seconds per cycle (share of the cycle) per part."""
+    head = "| workload | num_envs | cycle | " + " | ".join(label for _, label in PROFILE_PARTS) + " | model compute |"
+    lines = [head, "|---|--:|--:|" + "--:|" * (len(PROFILE_PARTS) + 1)]
+    for p in profiles:
+        if p["note"]:
+            lines.append(f"| {p['workload']} | {p['num_envs']} | {p['note']} |" + " |" * (len(PROFILE_PARTS) + 1))
+            continue
+        cells = [f"{p['parts'][k]:.3f} s ({p['fractions'][k]:.0%})" for k, _ in PROFILE_PARTS]
+        lines.append(f"| {p['workload']} | {p['num_envs']} | {p['cycle_seconds']:.3f} s | " + " | ".join(cells)
+                     + f" | {p['model_fraction']:.0%} |")
+    lines += ["", "Parts per cycle: env step (`env.step`), policy forward (the rollout's actor and critic forwards), "
+                  "opponents (league/teammate actions), rollout other (buffers, normalisers, bookkeeping), GAE "
+                  "(`compute_gae`), update (minibatch forward, backward, optimizer). Model compute = policy forward + update."]
+    return "\n".join(lines)
+
+
+def run_profiles(args: argparse.Namespace, device: torch.device, counts: list[int] | None) -> list[dict[str, Any]]:
+    """Profile every workload of the run at `counts` (None: each workload's default, see PROFILE_NUM_ENVS);
+    counts above a cap, buffers that do not fit and failures become rows with a note."""
+    out = []
+    for name in args.workload_list:
+        for n in counts or [PROFILE_NUM_ENVS.get(name, PROFILE_FALLBACK_NUM_ENVS)]:
+            p = {"workload": name, "num_envs": n, "note": _above_cap(name, n, args)}
+            if not p["note"]:
+                try:
+                    p = profile_workload(name, n, args.steps, args.seconds, args.threads, device)
+                except ConfigError as e:
+                    p["note"] = f"skipped: {e}"
+                except Exception as e:  # one broken workload must not end the run; the note shows it
+                    p["note"] = f"failed: {type(e).__name__}: {e}"
+            out.append(p)
+            print(profile_table(p), flush=True)
+    return out
+
+
+def run_profile(args: argparse.Namespace) -> dict[str, Any]:
+    """`phalanx bench profile`: the update-cycle split alone; with --out also DIR/profile.md."""
+    from phalanx import runs
+
+    device = runs.resolve_device(args.device)
+    out: dict[str, Any] = {"target": "profile", "machine": _machine(device),
+                           "settings": {"seconds": args.seconds, "num_steps": args.steps, "threads": args.threads,
+                                        "device": str(device)}}
+    print(f"phalanx bench profile: {', '.join(args.workload_list)}; {_machine_line(out['machine'])}\n")
+    out["profile"] = run_profiles(args, device, args.num_envs)
+    if args.out:
+        path = Path(args.out) / "profile.md"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"# phalanx bench profile\n\nMachine: {_machine_line(out['machine'])}\n\n"
+                        + profile_markdown(out["profile"]) + "\n")
+        print(f"\nwrote {path}")
+        out["files"] = {"markdown": str(path)}
+    return out
+
+
 def _check_bucket_brigade(args: argparse.Namespace) -> None:
     """Reject bad arguments before any measurement starts."""
     from phalanx.envs.bucket_brigade import SCENARIOS
@@ -585,38 +1195,79 @@ def _check_bucket_brigade(args: argparse.Namespace) -> None:
             raise BenchError(f"bench: {e}") from None
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    if args.target is None:
-        raise BenchError(f"bench: needs a target: {' or '.join(DEFAULT_NUM_ENVS)} (see `phalanx bench --help`)")
+SUITE_ONLY = {"workloads": "--workloads", "out": "--out", "profile_envs": "--profile-envs", "uncapped": "--uncapped"}
+
+
+def _check_classic(args: argparse.Namespace) -> None:
+    """Reject bad arguments of the cartpole and bucket_brigade targets before any measurement starts."""
+    for key, flag in SUITE_ONLY.items():
+        if getattr(args, key) not in (None, False):
+            raise BenchError(f"bench: {flag} applies to the suite and profile targets only")
+    if not args.profile:
+        raise BenchError("bench: --no-profile applies to the suite target only")
+    if args.steps is None:
+        args.steps = 32
     if args.num_envs is None:
         args.num_envs = list(DEFAULT_NUM_ENVS[args.target])
     if args.target == "bucket_brigade":
         _check_bucket_brigade(args)
+        return
+    if args.scenario is not None:
+        raise BenchError("bench: --scenario applies to the bucket_brigade target only")
+    mbs = PPO_SETTINGS["num_minibatches"]
+    if min(args.num_envs) * args.steps < mbs:
+        raise BenchError(
+            f"bench: num_envs x steps must be at least {mbs} (the minibatch count); got {min(args.num_envs)} x {args.steps}"
+        )
+
+
+def _check_suite(args: argparse.Namespace) -> None:
+    """Reject bad arguments of the suite and profile targets before any measurement starts."""
+    if args.scenario is not None:
+        raise BenchError("bench: --scenario applies to the bucket_brigade target only")
+    if args.target == "profile":
+        for flag, bad in (("--sb3", args.sb3), ("--profile-envs", args.profile_envs), ("--no-profile", not args.profile)):
+            if bad:
+                raise BenchError(f"bench: {flag} does not apply to the profile target")
+    args.workload_list = parse_workloads(args.workloads)
+    out = args.out or (DEFAULT_OUT if args.target == "suite" else None)
+    if out is not None and Path(out).exists() and not Path(out).is_dir():
+        raise BenchError(f"bench: --out '{out}' is not a directory")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`phalanx bench TARGET ...`; bad arguments raise BenchError (one line, exit status 2 from the CLI)."""
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.target is None and args.json in TARGETS:  # `bench --json suite`: the bare flag took the target
+        args.target, args.json = args.json, "-"
+    if args.target is None:
+        raise BenchError(f"bench: needs a target: {', '.join(TARGETS)} (see `phalanx bench --help`)")
+    if args.target in DEFAULT_NUM_ENVS:
+        _check_classic(args)
     else:
-        if args.scenario is not None:
-            raise BenchError("bench: --scenario applies to the bucket_brigade target only")
-        mbs = PPO_SETTINGS["num_minibatches"]
-        if min(args.num_envs) * args.steps < mbs:
-            raise BenchError(
-                f"bench: num_envs x steps must be at least {mbs} (the minibatch count); got {min(args.num_envs)} x {args.steps}"
-            )
+        _check_suite(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     if not (args.wait_idle >= 0 and math.isfinite(args.wait_idle)):
         raise BenchError(f"bench: --wait-idle must be >= 0, got {args.wait_idle}")
     global _WAIT_IDLE
     _WAIT_IDLE = args.wait_idle
-    if args.json:
+    to_stdout = args.json == "-"
+    if args.json and not to_stdout:
         parent = Path(args.json).expanduser().resolve().parent
         if not parent.is_dir():
             raise BenchError(f"bench: --json directory '{parent}' does not exist")
+    runners = {"cartpole": run_cartpole, "bucket_brigade": run_bucket_brigade, "suite": run_suite, "profile": run_profile}
     t0 = time.perf_counter()
-    result = run_bucket_brigade(args) if args.target == "bucket_brigade" else run_cartpole(args)
-    result["wall_seconds"] = time.perf_counter() - t0
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-        print(f"\nwrote {args.json}")
+    # With a bare --json, stdout carries the JSON object alone: tables and progress go to stderr.
+    with contextlib.redirect_stdout(sys.stderr) if to_stdout else contextlib.nullcontext():
+        result = runners[args.target](args)
+        result["wall_seconds"] = time.perf_counter() - t0
+        if args.json and not to_stdout:
+            Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+            print(f"\nwrote {args.json}")
+    if to_stdout:
+        print(json.dumps(result), flush=True)
     return 0
 
 

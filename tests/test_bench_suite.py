@@ -1,0 +1,135 @@
+"""`phalanx bench suite` / `phalanx bench profile`: rows, files, JSON, the update-cycle split, errors."""
+
+import itertools
+import json
+import types
+
+import pytest
+
+from phalanx import bench
+from phalanx.cli import main
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+TINY = ["--num-envs", "8", "--steps", "16", "--seconds", "0.05"]
+
+
+def _check_profile(p: dict) -> None:
+    assert p["note"] is None, p["note"]
+    assert p["cycles"] >= 1 and p["cycle_seconds"] > 0
+    parts = p["parts"]
+    assert set(parts) == {k for k, _ in bench.PROFILE_PARTS}
+    assert all(v >= 0 for v in parts.values()), parts
+    assert parts["env_step"] > 0 and parts["policy_forward"] > 0 and parts["update"] > 0 and parts["gae"] > 0
+    assert sum(parts.values()) == pytest.approx(p["cycle_seconds"], rel=0.05)
+    assert 0.0 <= p["model_fraction"] <= 1.0
+    assert p["model_fraction"] == pytest.approx((parts["policy_forward"] + parts["update"]) / p["cycle_seconds"])
+
+
+def test_suite_json_rows_files_and_profile(tmp_path, capsys):
+    assert main(["bench", "suite", "--workloads", "cartpole,duel", *TINY, "--out", str(tmp_path), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.count("\n") == 1  # one JSON object on one line, nothing else on stdout
+    result = json.loads(captured.out)
+    assert "| workload |" in captured.err  # the table went to stderr
+
+    assert [(r["workload"], r["num_envs"]) for r in result["rows"]] == [("cartpole", 8), ("duel", 8)]
+    for row in result["rows"]:
+        assert row["note"] is None
+        assert row["env"]["sps"] > 0 and row["train"]["sps"] > 0
+        assert row["peak_memory"]["method"] in ("rss_peak_growth", "ru_maxrss_growth", "cuda_max_memory_allocated")
+        assert isinstance(row["peak_memory"]["bytes"], int) and row["peak_memory"]["bytes"] >= 0
+    assert result["workloads"]["duel"]["num_agents"] == 2
+    assert result["workloads"]["cartpole"]["num_steps"] == 16
+    assert {"cpu_model", "torch", "torch_threads", "device"} <= set(result["machine"])
+
+    # The profile ran at the largest --num-envs for both workloads; duel's league fills the opponent slots.
+    assert [(p["workload"], p["num_envs"]) for p in result["profile"]] == [("cartpole", 8), ("duel", 8)]
+    for p in result["profile"]:
+        _check_profile(p)
+    assert result["profile"][1]["parts"]["opponents"] > 0
+    assert result["profile"][0]["parts"]["opponents"] == 0
+
+    md = (tmp_path / "bench.md").read_text()
+    assert result["files"]["markdown"] == str(tmp_path / "bench.md")
+    assert result["machine"]["cpu_model"] in md and result["machine"]["torch"] in md
+    for row in result["rows"]:
+        line = next(x for x in md.splitlines() if x.startswith(f"| {row['workload']} |"))
+        assert f"| {bench._fmt(row['env']['sps'])} | {bench._fmt(row['train']['sps'])} |" in line
+    assert "## Update-cycle profile" in md and f"{result['profile'][0]['model_fraction']:.0%}" in md
+    assert (tmp_path / "bench.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_profile_target_restores_what_it_wraps(capsys, monkeypatch):
+    import importlib
+
+    import phalanx.algo
+
+    seen = []
+    make_patches = bench._profile_patches
+
+    def spy(trainer, clock):
+        seen.append((trainer, trainer._act))
+        return make_patches(trainer, clock)
+
+    monkeypatch.setattr(bench, "_profile_patches", spy)
+    assert main(["bench", "profile", "--workloads", "cartpole", *TINY, "--json"]) == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    assert result["target"] == "profile" and len(result["profile"]) == 1
+    _check_profile(result["profile"][0])
+    assert "model compute (policy forward + update)" in captured.err
+    assert importlib.import_module("phalanx.train").compute_gae is phalanx.algo.compute_gae
+    (trainer, act), = seen
+    assert "step" not in vars(trainer.env) and "_value" not in vars(trainer)  # methods again, not wrappers
+    assert trainer._act is act
+
+
+def test_clock_and_patched_nest_and_restore(monkeypatch):
+    ticks = itertools.count()  # every perf_counter call is one second later
+    monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))
+    clock = bench._Clock(bench.torch.device("cpu"))
+
+    class Env:
+        def step(self, x):
+            return inner.work(x)
+
+    inner = types.SimpleNamespace(work=lambda x: x + 1)
+    env = Env()
+    patches = [(env, "step", clock.wrap("outer", env.step)), (inner, "work", clock.wrap("inner", inner.work))]
+    with pytest.raises(RuntimeError), bench.patched(patches):
+        assert env.step(1) == 2
+        assert inner.work(1) == 2
+        raise RuntimeError("restored even so")
+    # The nested call counted to the outer part only (one tick, no inner timing inside); the direct one to its own.
+    assert clock.seconds == {"outer": 1.0, "inner": 1.0}
+    assert "step" not in vars(env) and env.step.__func__ is Env.step
+    assert inner.work(1) == 2 and inner.work.__name__ == "<lambda>"
+
+
+def test_unknown_workload_is_one_line_naming_the_allowed(capsys):
+    assert main(["bench", "suite", "--workloads", "cartpole,nosuch"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown workload 'nosuch'" in err
+    from phalanx.envs import registered
+
+    for name in registered():
+        assert name in err
+    assert main(["bench", "profile", "--workloads", "gym:CartPole-v1"]) == 2
+    assert main(["bench", "cartpole", "--workloads", "cartpole"]) == 2
+
+
+def test_rows_that_cannot_run_are_skipped_with_a_note(tmp_path, capsys, monkeypatch):
+    # Above pixel_goal's cap: not built at all.
+    assert main(["bench", "suite", "--workloads", "pixel_goal", "--num-envs", "2048", "--steps", "4", "--seconds", "0.05",
+                 "--no-profile", "--out", str(tmp_path), "--json"]) == 0
+    row, = json.loads(capsys.readouterr().out)["rows"]
+    assert row["note"].startswith("skipped: above pixel_goal's cap") and row["train"] is None and row["env"] is None
+    # A rollout buffer that would not fit in the free memory: the Trainer's ConfigError becomes the note.
+    from phalanx import runs
+
+    monkeypatch.setattr(runs, "free_memory_bytes", lambda device: 1024)
+    assert main(["bench", "suite", "--workloads", "cartpole", *TINY, "--out", str(tmp_path), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["rows"][0]["note"].startswith("skipped: the rollout buffer needs")
+    assert result["profile"][0]["note"].startswith("skipped: the rollout buffer needs")
+    assert "skipped: the rollout buffer needs" in (tmp_path / "bench.md").read_text()
