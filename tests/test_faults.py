@@ -130,3 +130,61 @@ def test_cli_train_with_random_values_runs_or_exits_2(tmp_path_factory, key, val
         assert (run / "checkpoints").is_dir()
     else:
         assert code == 2 and err.count("\n") == 1 and err.startswith("phalanx: error:"), err
+
+
+@pytest.mark.slow
+def test_kill_9_storm_then_resume_matches_uninterrupted(tmp_path):
+    """A self-play `phalanx train` is SIGKILLed at 20 random moments (checkpoints and league snapshots
+    are written every update, so many kills land inside writes); after each kill the run directory is
+    consistent, and the run resumed to the end equals the uninterrupted one."""
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from safetensors.torch import load_file
+
+    from phalanx import checkpoint as ckpt
+    from phalanx.league import LEAGUE_FILE
+
+    updates = 200
+    args = ["--env", "duel", "--time-limit", "90", "--total-steps", str(64 * updates), "--num-envs", "4",
+            "--num-steps", "16", "--num-epochs", "1", "--num-minibatches", "2", "--checkpoint-every", "64",
+            "--snapshot-every", "64", "--pool-size", "3", "--hidden-sizes", "32,32", "--seed", "3",
+            "--progress", "false", "--tensorboard", "false", "--torch-threads", "1"]
+    cmd = [sys.executable, "-m", "phalanx", "train"]
+    subprocess.run(cmd + args + ["--run-dir", str(tmp_path / "full")], check=True, capture_output=True, timeout=600)
+    run = tmp_path / "killed"
+    rng = random.Random(20)
+    kills = 0
+    for _ in range(60):
+        started = bool(ckpt.list_checkpoints(run))
+        proc = subprocess.Popen(cmd + (["--resume", str(run)] if started else args + ["--run-dir", str(run)]),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0.8, 2.5))
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            kills += 1
+        proc.wait(60)
+        if ckpt.list_checkpoints(run):  # consistent after every kill: the newest complete checkpoint loads
+            _, _, meta = ckpt.load_checkpoint(ckpt.latest_checkpoint(run))
+            for line in (run / "metrics.jsonl").read_text().splitlines()[:-1]:
+                json.loads(line)  # only the last line may be cut by a kill
+            json.loads((run / LEAGUE_FILE).read_text())  # written atomically: never half a file
+            names = [o["name"] for o in meta["league"]["opponents"] if o["kind"] == "snapshot"]
+            for name in names:  # every snapshot the checkpoint's pool names exists
+                assert (run / "league" / "snapshots" / f"{name}.safetensors").is_file(), name
+        if kills >= 20 or (proc.returncode == 0):
+            break
+    print(f"kills: {kills}")
+    assert kills >= 20
+    subprocess.run(cmd + ["--resume", str(run)], check=True, capture_output=True, timeout=600)
+    a = load_file(str(ckpt.latest_checkpoint(tmp_path / "full") / "model.safetensors"))
+    b = load_file(str(ckpt.latest_checkpoint(run) / "model.safetensors"))
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["update"] for r in rows] == list(range(1, updates + 1))
+    full_league = json.loads((tmp_path / "full" / LEAGUE_FILE).read_text())
+    assert json.loads((run / LEAGUE_FILE).read_text())["ratings"] == full_league["ratings"]
