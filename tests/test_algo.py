@@ -771,3 +771,32 @@ def test_gated_sub_action_carries_no_log_prob_or_gradient_when_off():
     h0 = torch.distributions.Categorical(logits=out.detach()[:, :4]).entropy()
     h1 = torch.distributions.Categorical(logits=out.detach()[:, 4:]).entropy()
     assert torch.allclose(ent, h1 + p_on * h0, atol=1e-6)
+
+
+def test_gae_is_a_parallel_scan_matching_the_reference_on_long_rollouts():
+    """No per-step launches: 16x longer rollouts add only log2(T) scan rounds of torch calls, and
+    the scan equals the step-by-step reference."""
+    from torch.overrides import TorchFunctionMode
+
+    class Calls(TorchFunctionMode):
+        n = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            Calls.n += 1
+            return func(*args, **(kwargs or {}))
+
+    counts = {}
+    for T in (16, 256):
+        g = torch.Generator().manual_seed(T)
+        r, v, nv = (torch.randn(T, 3, generator=g, dtype=F64) for _ in range(3))
+        term, trunc = torch.rand(T, 3, generator=g) < 0.05, torch.rand(T, 3, generator=g) < 0.05
+        active, te = torch.rand(T, 3, generator=g) < 0.8, torch.rand(T, 3, generator=g) < 0.05
+        Calls.n = 0
+        with Calls():
+            adv, _ = compute_gae(r, v, nv, term, trunc, 0.99, 0.95, active=active, trial_end=te)
+        counts[T] = Calls.n
+        for n in range(3):
+            col = lambda x: x[:, n].tolist()  # noqa: E731
+            exp = _ref_gae(col(r), col(v), col(nv), col(term), col(trunc), 0.99, 0.95, col(active), col(te), False)
+            assert torch.allclose(adv[:, n], t64(exp), atol=1e-9)
+    assert counts[256] - counts[16] <= 4 * 3 * 8, counts  # 4 more rounds in each of 3 scans

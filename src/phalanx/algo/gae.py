@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from phalanx.algo.scan import linear_scan
+
 
 def compute_gae(
     rewards: torch.Tensor,
@@ -33,31 +35,32 @@ def compute_gae(
         not_term = not_term * (~trial_end).to(rewards.dtype)
         ended = ended | trial_end
     not_ended = (~ended).to(rewards.dtype)
-    deltas = rewards + gamma * next_values * not_term - values  # used when every step is active
     decay = gamma * gae_lambda * not_ended
-    advantages = torch.zeros_like(rewards)
-    last = torch.zeros_like(rewards[0])
     if active is None:
-        for t in range(rewards.shape[0] - 1, -1, -1):
-            last = deltas[t] + decay[t] * last
-            advantages[t] = last
-    else:
-        # An active step followed by inactive ones (a parked or not-yet-spawned slot) bootstraps from
-        # the value of the slot's next active step, carried backwards across the gap, not from the
-        # value of an observation it was inactive at.
-        act = active.to(rewards.dtype)
-        carry = torch.zeros_like(rewards[0])
-        known = torch.zeros_like(rewards[0])  # 1 where `carry` holds a value from later in the rollout
-        for t in range(rewards.shape[0] - 1, -1, -1):
-            next_act = act[t + 1] if t + 1 < rewards.shape[0] else torch.ones_like(act[t])
-            gap_value = known * carry + (1.0 - known) * next_values[t]
-            nv = next_act * next_values[t] + (1.0 - next_act) * gap_value
-            delta = rewards[t] + gamma * nv * not_term[t] - values[t]
-            # An episode boundary flagged on an inactive step still cuts the trace.
-            last = act[t] * (delta + decay[t] * last) + (1.0 - act[t]) * not_ended[t] * last
-            ended_here = (1.0 - act[t]) * (1.0 - not_ended[t])
-            carry = act[t] * values[t] + ended_here * not_term[t] * next_values[t] + (1.0 - act[t] - ended_here) * carry
-            known = torch.maximum(known, torch.maximum(act[t], ended_here))
-            advantages[t] = act[t] * last
-    returns = advantages + values
-    return advantages, returns
+        deltas = rewards + gamma * next_values * not_term - values
+        advantages = _backward_scan(decay, deltas)
+        return advantages, advantages + values
+    # An active step followed by inactive ones (a parked or not-yet-spawned slot) bootstraps from
+    # the value of the slot's next active step, carried backwards across the gap, not from the value
+    # of an observation it was inactive at. Going backwards, `carry` is the value of the latest active
+    # step seen (or the bootstrap of an episode boundary flagged on an inactive step) and `known`
+    # says whether one was seen; both, and the advantages, are linear recurrences, so each is one
+    # parallel scan over time (log2 T batched ops, no per-step launches).
+    act = active.to(rewards.dtype)
+    ended_here = (1.0 - act) * (1.0 - not_ended)
+    carry = _backward_scan(1.0 - act - ended_here, act * values + ended_here * not_term * next_values)
+    known = torch.maximum(act, ended_here).flip(0).cummax(0).values.flip(0)
+    later = lambda x, fill: torch.cat([x[1:], torch.full_like(x[:1], fill)], 0)  # noqa: E731 x[t + 1]
+    carry_next, known_next, act_next = later(carry, 0.0), later(known, 0.0), later(act, 1.0)
+    gap_value = known_next * carry_next + (1.0 - known_next) * next_values
+    nv = act_next * next_values + (1.0 - act_next) * gap_value
+    deltas = rewards + gamma * nv * not_term - values
+    # An episode boundary flagged on an inactive step still cuts the trace.
+    last = _backward_scan(act * decay + (1.0 - act) * not_ended, act * deltas)
+    advantages = act * last
+    return advantages, advantages + values
+
+
+def _backward_scan(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """x_t = a_t * x_{t+1} + b_t over dim 0, from x_T = 0."""
+    return linear_scan(a.flip(0), b.flip(0), 0)[1].flip(0)
