@@ -316,3 +316,24 @@ def test_trains_on_a_gymnasium_env_through_the_adapter(tmp_path):
     assert result.metrics["step"] == 512 and result.metrics["episodes"] > 0
     ev = evaluate_policy(phalanx.load(result.run_dir), "gym:CartPole-v1", episodes=3, seed=1)
     assert ev["episodes"] == 3 and ev["mean_length"] >= 8
+
+
+@pytest.mark.parametrize("model", ["mlp", "lstm"])
+def test_bf16_autocast_trains_with_float32_buffers_and_losses(tmp_path, model):
+    from phalanx.config import resolve
+    from phalanx.train import Trainer
+
+    runs_ = {}
+    for precision in ("fp32", "bf16"):
+        t = Trainer(resolve(dict(env="cartpole", total_steps=256, model=model, precision=precision,
+                                 run_dir=str(tmp_path / precision), **SMALL)))
+        try:
+            before = [p.detach().clone() for p in t.model.parameters()]
+            result = t.train()
+            assert t.buf["logprobs"].dtype == t.buf["values"].dtype == torch.float32
+            assert all(p.dtype == torch.float32 and torch.isfinite(p).all() for p in t.model.parameters())
+            assert any(not torch.equal(a, b) for a, b in zip(before, t.model.parameters()))
+            runs_[precision] = result.history[0]["loss"]
+        finally:
+            t.close()
+    assert runs_["fp32"] != runs_["bf16"]  # autocast really ran the forwards in bfloat16

@@ -104,6 +104,8 @@ class Config:
     pin_every: int = _f(0, "keep the snapshot taken after each multiple of this many steps forever (0: none)", min=0)
     nonfinite_env: str = _f("stop", "NaN / infinite values from the env: stop (the run ends with a snapshot) or zero (replace "
                             "with 0 and count them in env_nonfinite)", choices=("stop", "zero"))
+    precision: str = _f("fp32", "bf16 runs the policy's forward passes under bfloat16 autocast (losses and optimizer stay "
+                        "float32)", choices=("fp32", "bf16"))
     compile: bool = _f(False, "compile the policy step and the update's forward with torch.compile (first updates are slow)")
     # Run.
     run_dir: str = _f("", "run directory (default: runs/<env>-<time>)")

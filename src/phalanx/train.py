@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -9,6 +10,7 @@ import random
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -217,7 +219,11 @@ class Trainer:
         self.teammates = Teammates(parse_teammates(cfg.teammates, self.env), self.env, self.device)
         self.learner = self.teammates.learner
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.Adam(self.params, lr=cfg.lr, eps=cfg.adam_eps, foreach=True)
+        # One fused kernel per step on CUDA; the multi-tensor (foreach) path elsewhere.
+        fused = self.device.type == "cuda"
+        self.optimizer = torch.optim.Adam(self.params, lr=cfg.lr, eps=cfg.adam_eps, fused=fused, foreach=not fused)
+        self._amp = (partial(torch.autocast, device_type=self.device.type, dtype=torch.bfloat16)
+                     if cfg.precision == "bf16" else contextlib.nullcontext)
         self.norms = Normalizers(cfg, obs_dim_of(self.env), self.N, self.A, self.device)
         self.gen = torch.Generator(device=self.device)
         self.gen.manual_seed(self.env_seed + 1_000_003)
@@ -298,10 +304,13 @@ class Trainer:
         return self.norms.obs.normalize(x, self.cfg.obs_clip)
 
     def _value(self, obs_n: torch.Tensor, state: torch.Tensor | None) -> torch.Tensor:
-        if getattr(self.model, "memory_critic", False):
-            # V from the memory as it stands (e.g. V(final_obs) before the next step's reset); writes nothing.
-            return self._denorm(self.model.value_step(obs_n, self.memory))
-        return self._denorm(self.model.value(state.reshape(state.shape[0], -1).float() if self.model.centralized else obs_n))
+        with self._amp():
+            if getattr(self.model, "memory_critic", False):
+                # V from the memory as it stands (e.g. V(final_obs) before the next step's reset); writes nothing.
+                v = self.model.value_step(obs_n, self.memory)
+            else:
+                v = self.model.value(state.reshape(state.shape[0], -1).float() if self.model.centralized else obs_n)
+        return self._denorm(v.float())
 
     def _denorm(self, v: torch.Tensor) -> torch.Tensor:
         return self.norms.value.denormalize(v) if self.norms.value is not None else v
@@ -328,11 +337,15 @@ class Trainer:
             if self.recurrent:
                 b["resets"][t] = self.prev_done
                 b["env_active"][t] = rec.active
-                action, logp, v_mem, self.memory = self.model.act_step(obs_n, self.memory, self.prev_done, rec.active, self.gen)
+                with self._amp():
+                    action, logp, v_mem, self.memory = self.model.act_step(obs_n, self.memory, self.prev_done, rec.active, self.gen)
+                logp, v_mem = logp.float(), v_mem.float() if v_mem is not None else None
                 if memory_critic:
                     value = self._denorm(v_mem)
             else:
-                action, logp = self._act(obs_n, self.gen)
+                with self._amp():
+                    action, logp = self._act(obs_n, self.gen)
+                logp = logp.float()
             if self.teammates.groups:
                 action = self.teammates.fill(action, rec, self.gen)
             if self.league is not None:
@@ -435,6 +448,11 @@ class Trainer:
 
     # -- update ----------------------------------------------------------------------------------
     def _evaluate(self, part: PPOBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        with self._amp():
+            logp, ent, value = self._evaluate_model(part)
+        return logp.float(), ent.float(), value.float()  # the losses stay in float32
+
+    def _evaluate_model(self, part: PPOBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if not self.recurrent:
             if hasattr(self.model, "evaluate_value"):  # one trunk pass for both heads (CNN)
                 return self.model.evaluate_value(part.obs, part.actions)
