@@ -188,3 +188,26 @@ def test_kill_9_storm_then_resume_matches_uninterrupted(tmp_path):
     assert [r["update"] for r in rows] == list(range(1, updates + 1))
     full_league = json.loads((tmp_path / "full" / LEAGUE_FILE).read_text())
     assert json.loads((run / LEAGUE_FILE).read_text())["ratings"] == full_league["ratings"]
+
+
+def test_tensorboard_continues_at_the_right_step_after_a_lost_update(tmp_path):
+    """Update 4 reached TensorBoard and metrics.jsonl but its checkpoint was lost (a kill): the resumed
+    run replays update 4, and both logs hold every step exactly once, in order."""
+    import shutil
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from phalanx import checkpoint as ckpt
+
+    run = tmp_path / "r"
+    cfg = dict(SMALL, tensorboard=True, total_steps=64 * 6, checkpoint_every=64 * 3)
+    phalanx.train(run_dir=run, max_updates=4, **cfg)
+    shutil.rmtree(ckpt.checkpoint_path(run, 64 * 4))  # as if killed before update 4's checkpoint
+    assert ckpt.latest_checkpoint(run).name == f"step_{64 * 3:012d}"
+    phalanx.train(resume=run)
+    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [64 * i for i in range(1, 7)]
+    acc = EventAccumulator(str(run / "tb"))
+    acc.Reload()
+    tb_steps = [e.step for e in acc.Scalars("losses/loss")]
+    assert tb_steps == [64 * i for i in range(1, 7)], tb_steps

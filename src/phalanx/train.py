@@ -652,7 +652,8 @@ class Trainer:
         if self.cfg.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(str(runs_dir / "tb"), purge_step=self.global_step if self.resume else None)
+            # The checkpoint holds the row logged at its own step; later events are from lost updates.
+            self.writer = SummaryWriter(str(runs_dir / "tb"), purge_step=self.global_step + 1 if self.resume else None)
         self.metrics_file = open(runs_dir / "metrics.jsonl", "a")
 
     def _log(self, row: dict[str, Any]) -> None:
