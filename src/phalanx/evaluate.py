@@ -76,23 +76,12 @@ def evaluate_policy(
     taken = [0] * n
     steps = 0
     while len(rows) < episodes and steps < max_steps:
-        if policy is None:
-            actions = random_actions(env, gen)
-        elif isinstance(policy, str):
-            actions = env.scripted_actions(policy, rec, gen)
-        else:
-            actions = policy.act(rec.obs, greedy=greedy, generator=gen, reset=prev_done, active=rec.active)
-            if mates is not None:
-                actions = mates.fill(actions, rec, gen)
+        actions = play(policy, env, rec, gen, prev_done, greedy)
+        if mates is not None and not isinstance(policy, str) and policy is not None:
+            actions = mates.fill(actions, rec, gen)
         if side is not None:
-            if opponent == "random":
-                other = random_actions(env, gen)
-            elif isinstance(opponent, str):
-                other = env.scripted_actions(opponent, rec, gen)
-            else:
-                other = opponent.act(rec.obs, greedy=False, generator=gen, reset=prev_done, active=rec.active)
-            m = side.reshape(1, -1, *([1] * (actions.dim() - 2)))
-            actions = torch.where(m, other.to(actions.dtype), actions)
+            other = play(opponent, env, rec, gen, prev_done, greedy=False)
+            actions = torch.where(side.reshape(1, -1, *([1] * (actions.dim() - 2))), other.to(actions.dtype), actions)
         prev_active = rec.active
         rec = env.step(actions)
         prev_done = rec.terminated | rec.truncated
@@ -155,6 +144,15 @@ def _side_mean(v: torch.Tensor, side: torch.Tensor | None) -> torch.Tensor:
     if side is None or v.shape[1] != side.shape[0]:
         return v.mean(-1)
     return (v * ~side).sum(-1) / (~side).sum()
+
+
+def play(policy: Any, env: VecEnv, rec: Any, gen: torch.Generator, prev_done: torch.Tensor, greedy: bool) -> torch.Tensor:
+    """Actions for every slot from a `Policy`, a scripted name, or random play (None or "random")."""
+    if policy is None or policy == "random":
+        return random_actions(env, gen)
+    if isinstance(policy, str):
+        return env.scripted_actions(policy, rec, gen)
+    return policy.act(rec.obs, greedy=greedy, generator=gen, reset=prev_done, active=rec.active)
 
 
 def random_actions(env: VecEnv, gen: torch.Generator) -> torch.Tensor:

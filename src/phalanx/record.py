@@ -18,7 +18,7 @@ def record_episode(policy: Any, env_name: str, path: str | Path, env_options: di
                    opponent: Any = None, device: str | torch.device = "cpu") -> dict[str, Any]:
     """Play env 0's first episode with `policy` (a `Policy`, a scripted name, or None for random;
     `opponent` plays the opponent's side as in `evaluate_policy`) and write every frame to `path`."""
-    from phalanx.evaluate import random_actions
+    from phalanx.evaluate import play
 
     path = Path(path)
     suffix = path.suffix.lower()
@@ -41,19 +41,9 @@ def record_episode(policy: Any, env_name: str, path: str | Path, env_options: di
     prev_done = torch.zeros(1, env.num_agents, dtype=torch.bool, device=env.device)
     total = 0.0
     for step in range(max_steps):
-        if policy is None:
-            actions = random_actions(env, gen)
-        elif isinstance(policy, str):
-            actions = env.scripted_actions(policy, rec, gen)
-        else:
-            actions = policy.act(rec.obs, greedy=greedy, generator=gen, reset=prev_done, active=rec.active)
+        actions = play(policy, env, rec, gen, prev_done, greedy)
         if side is not None:
-            if opponent == "random":
-                other = random_actions(env, gen)
-            elif isinstance(opponent, str):
-                other = env.scripted_actions(opponent, rec, gen)
-            else:
-                other = opponent.act(rec.obs, greedy=False, generator=gen, reset=prev_done, active=rec.active)
+            other = play(opponent, env, rec, gen, prev_done, greedy=False)
             actions = torch.where(side.reshape(1, -1, *([1] * (actions.dim() - 2))), other.to(actions.dtype), actions)
         prev_active = rec.active
         rec = env.step(actions)
