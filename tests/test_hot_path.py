@@ -3,6 +3,9 @@
 import inspect
 import re
 
+import pytest
+import torch
+
 from phalanx.algo import gae, ppo
 from phalanx.envs import cartpole, pendulum
 from phalanx.models import distributions, mlp
@@ -16,7 +19,8 @@ def _code(obj) -> str:
 
 
 def test_rollout_and_update_have_no_host_reads():
-    for fn in (Trainer.collect, Trainer.update, Trainer._evaluate, gae.compute_gae, ppo.ppo_losses,
+    for fn in (Trainer.collect, Trainer.update, Trainer._evaluate, Trainer._evaluate_model, Trainer._checked,
+               Trainer._value, gae.compute_gae, ppo.ppo_losses,
                cartpole.ClassicEnv.step, pendulum.PendulumEnv._transition, distributions,
                mlp.MLPActorCritic.act, mlp.MLPActorCritic.evaluate, mlp.MLPActorCritic.value, mlp.ActionHead.sample,
                mlp.ActionHead.log_prob, mlp.ActionHead.entropy, mlp.ActionHead.to_env):
@@ -32,3 +36,23 @@ def test_update_reads_host_only_for_target_kl():
 def test_trainer_reads_metrics_once_per_update():
     src = _code(Trainer.train)
     assert src.count(".tolist()") == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_rollout_and_update_never_synchronise(tmp_path):
+    from phalanx.config import resolve
+
+    t = Trainer(resolve(dict(env="cartpole", device="cuda", num_envs=64, num_steps=32, num_minibatches=4, progress=False,
+                             tensorboard=False, norm_obs=True, norm_reward=True, run_dir=str(tmp_path / "r"))))
+    try:
+        t.collect()
+        t.update()  # warm-up: allocations, cuBLAS handles
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            t.collect()
+            t.update()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    finally:
+        t.close()

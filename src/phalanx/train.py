@@ -418,7 +418,7 @@ class Trainer:
             fields = [f for f in fields if f not in ("obs", "final_obs")]
         bad = sum((~torch.isfinite(getattr(rec, f))).sum() for f in fields)
         stats["env_nonfinite"] += bad
-        stats["env_first_bad_step"] = torch.where((stats["env_first_bad_step"] < 0) & (bad > 0), float(t),
+        stats["env_first_bad_step"] = torch.where((stats["env_first_bad_step"] < 0) & (bad > 0), t,
                                                   stats["env_first_bad_step"])
         if self.cfg.nonfinite_env == "zero":
             for f in fields:
