@@ -211,3 +211,42 @@ def test_tensorboard_continues_at_the_right_step_after_a_lost_update(tmp_path):
     acc.Reload()
     tb_steps = [e.step for e in acc.Scalars("losses/loss")]
     assert tb_steps == [64 * i for i in range(1, 7)], tb_steps
+
+
+def test_checkpoint_of_another_format_version_is_refused(tmp_path):
+    from phalanx import checkpoint as ckpt
+
+    run = tmp_path / "r"
+    phalanx.train(run_dir=run, total_steps=64, **SMALL)
+    meta_path = ckpt.latest_checkpoint(run) / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["format_version"] = 99
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match=r"meta.json|format version 99") as e:
+        phalanx.train(resume=run, total_steps=128)
+    assert str(ckpt.latest_checkpoint(run)) in str(e.value)
+
+
+def test_corrupt_league_files(tmp_path, capsys):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import league_env  # noqa: F401
+
+    from phalanx.league import LEAGUE_FILE
+
+    run = tmp_path / "r"
+    cfg = dict(SMALL, env="test_rps", opponents="self_play:1,rock:1", total_steps=64 * 4, snapshot_every=64)
+    phalanx.train(run_dir=run, max_updates=2, **cfg)
+    (run / LEAGUE_FILE).write_text("{ not json")  # the live file is damaged: the checkpoint's copy is used
+    result = phalanx.train(resume=run)
+    assert result.metrics["step"] == 64 * 4
+    assert json.loads((run / LEAGUE_FILE).read_text())["step"] == 64 * 4
+    snap = next((run / "league" / "snapshots").glob("*.safetensors"))
+    snap.write_bytes(snap.read_bytes()[:40])  # a truncated snapshot: an error naming the file
+    state = json.loads((run / LEAGUE_FILE).read_text())
+    assert main(["eval", str(run), "--vs", "snapshot:" + snap.stem, "--episodes", "2"]) == 2
+    err = capsys.readouterr().err
+    assert snap.name in err and err.count(chr(10)) == 1
+    assert state["ratings"]  # nothing lost
