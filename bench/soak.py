@@ -30,6 +30,7 @@ def main() -> None:
     p.add_argument("--env", default="bucket_brigade")
     p.add_argument("--num-envs", type=int, default=256)
     p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--no-tensorboard", dest="tensorboard", action="store_false")
     p.add_argument("--out", default=None)
     args = p.parse_args()
 
@@ -38,7 +39,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="phalanx-soak-") as tmp:
         cfg = resolve({"env": args.env, "num_envs": args.num_envs, "total_steps": 10**12, "run_dir": tmp,
-                       "progress": False, "tensorboard": True, "checkpoint_every": 200_000, "torch_threads": args.threads})
+                       "progress": False, "tensorboard": args.tensorboard, "checkpoint_every": 200_000, "torch_threads": args.threads})
         trainer = Trainer(cfg)
         samples: list[dict[str, float]] = []
         runner = threading.Thread(target=trainer.train, daemon=True)
@@ -64,6 +65,7 @@ def main() -> None:
         "rss_after_warmup_mib": rss0 / 2**20, "rss_max_mib": rss_max / 2**20, "rss_growth": rss_max / rss0 - 1,
         "sps_q2_median": statistics.median(q2), "sps_q4_median": statistics.median(q4),
         "sps_drift": statistics.median(q4) / statistics.median(q2) - 1,
+        "rss_by_quarter_mib": [samples[min(n - 1, i * n // 4)]["rss"] / 2**20 for i in range(1, 5)],
     }
     result["pass"] = result["rss_growth"] < 0.05 and abs(result["sps_drift"]) < 0.10
     text = json.dumps(result, indent=2)
