@@ -187,13 +187,10 @@ def test_kv_cache_step_is_vectorised():
     assert not host & set(counts[0]), host & set(counts[0])
 
 
-@pytest.mark.parametrize("kind", ["lstm", "transformer"])
-def test_sequence_forward_is_batched_over_time(kind):
-    """Training forwards make no Python loop per step: 8x longer segments add only the log2(T)
-    rounds of the LSTM's c scan, one LSTM kernel call per segment, no host reads."""
-    m = make(kind)
+def seq_call_names(m, lengths=(16, 128)) -> dict[int, list[str]]:
+    """The torch calls of one sequence forward + backward per segment length."""
     names = {}
-    for steps in (16, 128):
+    for steps in lengths:
         g = torch.Generator().manual_seed(0)
         obs = torch.randn(N, A, steps, D, generator=g)
         resets, active = torch.rand(N, A, steps, generator=g) < 0.2, torch.rand(N, A, steps, generator=g) < 0.7
@@ -201,6 +198,14 @@ def test_sequence_forward_is_batched_over_time(kind):
             out, value = m.seq(obs, m.initial_state(N * A), resets, active)
             (out.sum() + value.sum()).backward()
         names[steps] = calls.names
+    return names
+
+
+@pytest.mark.parametrize("kind", ["lstm", "transformer"])
+def test_sequence_forward_is_batched_over_time(kind):
+    """Training forwards make no Python loop per step: 8x longer segments add only the log2(T)
+    rounds of the LSTM's c scan, one LSTM kernel call per segment, no host reads."""
+    names = seq_call_names(make(kind))
     assert len(names[128]) - len(names[16]) <= 60, (len(names[16]), len(names[128]))
     host = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "numpy"}
     assert not host & set(names[128]), host & set(names[128])

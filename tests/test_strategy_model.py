@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from test_memory_models import SPACES, A, D, N, T, _Calls, episode_data, replay
+from test_memory_models import SPACES, A, D, N, T, episode_data, replay, seq_call_names
 
 from phalanx.envs.spaces import MultiDiscrete
 from phalanx.models.memory import KVCache, LSTMState
@@ -148,16 +148,7 @@ def test_no_nan_in_degenerate_segments():
 
 def test_sequence_forward_is_batched_over_time():
     """No Python loop per step: 8x longer segments add only the LSTM's log2(T) scan rounds."""
-    m = make()
-    names = {}
-    for steps in (16, 128):
-        g = torch.Generator().manual_seed(0)
-        obs = torch.randn(N, A, steps, D, generator=g)
-        resets, active = torch.rand(N, A, steps, generator=g) < 0.2, torch.rand(N, A, steps, generator=g) < 0.7
-        with _Calls() as calls:
-            out, value = m.seq(obs, m.initial_state(N * A), resets, active)
-            (out.sum() + value.sum()).backward()
-        names[steps] = calls.names
+    names = seq_call_names(make())
     assert len(names[128]) - len(names[16]) <= 60, (len(names[16]), len(names[128]))
     assert names[16].count("lstm") == names[128].count("lstm") == 1
 
