@@ -8,6 +8,7 @@ import torch
 from phalanx.config import FIELDS
 from phalanx.envs import make, spec
 from phalanx.envs.drone_swarm import CLUSTER_HEAD, RELAY, REWARD_TERMS, SENSOR, DroneSwarmEnv
+from phalanx.errors import ConfigError
 
 SCALE = 0.01
 HOME = (200.0, 200.0)  # sar: home at the centre of the 400 m square
@@ -119,6 +120,21 @@ def test_coverage_reward_and_link():
     place(env, RL, 107.5, 107.5)
     env.step(hold(env, scan=(S1,)))
     assert float(env.link[0, S1]) > 0.4 and term(env, "coverage", S1) > 0.0
+
+
+def test_coverage_weight_scales_only_the_coverage_term():
+    envs = {w: env_(coverage_weight=w) for w in (10.0, 0.4)}
+    for env in envs.values():
+        env.reset()
+        park_all_home(env)
+        place(env, S0, 100.3, 120.6)
+        env.step(hold(env, scan=(S0, CH)))
+    cov = {w: term(env, "coverage", S0) for w, env in envs.items()}
+    assert cov[10.0] > 0 and cov[0.4] == pytest.approx(cov[10.0] * 0.04)
+    for name in REWARD_TERMS[1:]:
+        assert term(envs[10.0], name, CH) == term(envs[0.4], name, CH)
+    with pytest.raises(ConfigError, match="coverage_weight"):
+        env_(coverage_weight=-1.0)
 
 
 def _victim_setup(env, angles_deg, slots, radius=10.0):

@@ -98,7 +98,7 @@ def test_opponents_are_swapped_only_at_resets(tmp_path):
 
 
 def test_batched_opponent_actions_equal_per_env_actions(tmp_path):
-    league, env, model = _league(tmp_path, "self_play:1", n=6)
+    league, env, model = _league(tmp_path, "self_play:1,rock:1", n=6)
     with torch.no_grad():  # a near-deterministic policy, so sampling equals the argmax
         for p in model.parameters():
             p.normal_(0, 1.0)
@@ -108,11 +108,19 @@ def test_batched_opponent_actions_equal_per_env_actions(tmp_path):
     league.assign = torch.full((6,), league.opponents.index(snap))
     rec = env.reset(seed=0)
     rec.obs = torch.rand(6, 2, 4)
-    batched = league.fill(torch.full((6, 2), -1, dtype=torch.long), rec)
-    for i in range(6):
-        single = snap.policy.act(rec.obs[i : i + 1], greedy=True)
-        assert batched[i, 1] == single[0, 1]
-        assert batched[i, 0] == -1
+    # Half the envs play the snapshot, the rest `rock` (opponent 0); both the CPU path (a forward over the
+    # snapshot's own envs) and the accelerator path (a static forward over all envs) give the same.
+    mixed = torch.tensor([0, 1, 0, 0, 1, 1]) * league.opponents.index(snap)
+    league.in_use = {0, league.opponents.index(snap)}
+    for select_rows in (True, False):
+        for assign in (league.assign, mixed):
+            league.assign, league.select_rows = assign, select_rows
+            batched = league.fill(torch.full((6, 2), -1, dtype=torch.long), rec)
+            for i in range(6):
+                o = league.opponents[int(assign[i])]
+                single = snap.policy.act(rec.obs[i : i + 1], greedy=True)[0, 1] if o is snap else 0  # rock
+                assert batched[i, 1] == single
+                assert batched[i, 0] == -1
 
 
 def test_snapshots_rotate_and_pool_keeps_pinned(tmp_path):

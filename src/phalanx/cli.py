@@ -145,10 +145,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
     cols = ["mean_return", "mean_agent_return", *extra, "mean_length"]
     heads = ["team return" if policy.model.num_agents > 1 else "return", "per agent", *[k[5:] for k in extra], "length"]
     print(f"{cfg.env} {cfg.env_options or ''} ({args.episodes} episodes each; learned = {'sampled' if args.sample else 'greedy'})")
-    print(f"{'policy':<14}" + "".join(f"{h:>16}" for h in heads))
+    widths = [_col_width(h) for h in heads]
+    print(f"{'policy':<14}" + "".join(f"{h:>{w}}" for h, w in zip(heads, widths)))
     for name, r in table.items():
-        print(f"{name:<14}" + "".join(f"{r.get(c, float('nan')):>16.2f}" for c in cols))
+        print(f"{name:<14}" + "".join(f"{r.get(c, float('nan')):>{w}.2f}" for c, w in zip(cols, widths)))
     return 0
+
+
+def _col_width(head: str) -> int:
+    """Table column width: at least 16, and always two spaces before a long heading."""
+    return max(16, len(head) + 2)
 
 
 def _eval_head_to_head(args: argparse.Namespace, policy: Any, common: dict[str, Any]) -> int:
@@ -187,12 +193,13 @@ def _eval_head_to_head(args: argparse.Namespace, policy: Any, common: dict[str, 
     print(f"{cfg.env}: learner ({'sampled' if args.sample else 'greedy'}) vs each opponent, {args.episodes} matches each")
     extra = sorted({k for r in table.values() for k in r if k.startswith("mean_") and k not in
                     ("mean_return", "mean_agent_return", "mean_length", "mean_win", "mean_draw", "mean_loss")})
-    print(f"{'opponent':<24}{'win':>6}{'draw':>6}{'loss':>6}{'win rate [95% CI]':>22}" + "".join(f"{k[5:]:>16}" for k in extra))
+    widths = [_col_width(k[5:]) for k in extra]
+    print(f"{'opponent':<24}{'win':>6}{'draw':>6}{'loss':>6}{'win rate [95% CI]':>22}" + "".join(f"{k[5:]:>{w}}" for k, w in zip(extra, widths)))
     for name, r in table.items():
         lo, hi = r["win_rate_ci95"]
         ci = f"{r['win_rate']:.2f} [{lo:.2f}, {hi:.2f}]"
         print(f"{name:<24}{r['wins']:>6}{r['draws']:>6}{r['losses']:>6}{ci:>22}"
-              + "".join(f"{r.get(k, float('nan')):>16.2f}" for k in extra))
+              + "".join(f"{r.get(k, float('nan')):>{w}.2f}" for k, w in zip(extra, widths)))
     return 0
 
 

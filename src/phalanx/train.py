@@ -9,6 +9,7 @@ import math
 import random
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -32,6 +33,7 @@ from phalanx.errors import CheckpointError, ConfigError, NonFiniteEnvError, NonF
 from phalanx.models import MLPActorCritic
 
 # Keys that may differ when resuming; everything else must match the saved run.
+HISTORY_ROWS = 1_000  # updates kept in memory for RunResult.history
 RESUME_MUTABLE = {"total_steps", "progress", "tensorboard", "checkpoint_every", "keep_checkpoints", "eval_episodes", "device", "torch_threads", "run_dir"}
 
 
@@ -238,7 +240,8 @@ class Trainer:
         self.global_step = 0
         self.update_idx = 0
         self.recent_returns: list[float] = []
-        self.history: list[dict[str, Any]] = []
+        # Bounded so a long run's memory stays flat; metrics.jsonl keeps every row.
+        self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY_ROWS)
         self._alloc_buffers()
         self.record = self.env.reset(seed=self.env_seed)
         self.ep_return = torch.zeros(self.N, self.A, device=self.device)
@@ -775,7 +778,7 @@ class Trainer:
             ev = evaluate_policy(self.policy(), cfg.env, cfg.env_options, episodes=cfg.eval_episodes, seed=cfg.seed + 7777, device=self.device)
             final.update({f"eval_{k}": v for k, v in ev.items() if isinstance(v, (int, float))})
             ckpt.write_json_atomic(self.run_dir / "eval.json", ev)
-        return RunResult(self.run_dir, final, self.policy(), cfg, self.history)
+        return RunResult(self.run_dir, final, self.policy(), cfg, list(self.history))
 
     def policy(self):
         from phalanx.policy import Policy

@@ -235,6 +235,7 @@ class DroneSwarmEnv(VecEnv):
         max_steps: int = 200,
         num_victims: int = 0,
         reward_scale: float = 0.01,
+        coverage_weight: float = 10.0,
         bearing_noise_deg: float = 2.0,
         range_noise: float = 0.1,
         battery_min: float = 0.6,
@@ -247,6 +248,8 @@ class DroneSwarmEnv(VecEnv):
             raise ConfigError(f"drone_swarm max_steps must be a positive integer, got {max_steps!r}")
         if isinstance(num_victims, bool) or not isinstance(num_victims, int) or num_victims < 0:
             raise ConfigError(f"drone_swarm num_victims must be a non-negative integer (0: the profile's), got {num_victims!r}")
+        if isinstance(coverage_weight, bool) or not isinstance(coverage_weight, (int, float)) or not 0.0 <= coverage_weight < math.inf:
+            raise ConfigError(f"drone_swarm coverage_weight must be a non-negative number, got {coverage_weight!r}")
         if not 0.0 <= battery_min <= 1.0:
             raise ConfigError(f"drone_swarm battery_min must lie in [0, 1], got {battery_min!r}")
         p = PROFILES[profile]
@@ -311,7 +314,8 @@ class DroneSwarmEnv(VecEnv):
         ty, tx = torch.meshgrid(toff, toff, indexing="ij")
         self._tile_dx, self._tile_dy = tx.reshape(-1), ty.reshape(-1)
         self._block_cells = float(BLOCK * BLOCK)
-        self._weights = torch.tensor(REWARD_WEIGHTS, dtype=torch.float32, device=dev)
+        self.coverage_weight = float(coverage_weight)
+        self._weights = torch.tensor((self.coverage_weight,) + REWARD_WEIGHTS[1:], dtype=torch.float32, device=dev)
         self._eye = torch.eye(a, dtype=torch.bool, device=dev)
         self._rand_k = 4 * a * v + 2 * v + a
 
@@ -910,6 +914,7 @@ register(
             "max_steps": EnvOption(200, "time limit in 1-s steps (episode is truncated)"),
             "num_victims": EnvOption(0, "victims per episode (0: the profile's count)"),
             "reward_scale": EnvOption(0.01, "factor on every reward term (the terms keep the WORKLOADS weights)"),
+            "coverage_weight": EnvOption(10.0, "reward per newly covered cell (WORKLOADS: 10; 0.4 pays 10 per 5x5-cell block)"),
         },
         train_defaults={
             "model": "role_attention", "num_envs": 64, "num_steps": 64, "total_steps": 2_000_000, "lr": 3e-4, "gamma": 0.99, "gae_lambda": 0.95,

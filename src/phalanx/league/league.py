@@ -142,6 +142,8 @@ class League:
         self.cfg, self.env, self.run_dir, self.gen = cfg, env, Path(run_dir), generator
         self.device, self.N = env.device, env.num_envs
         self.slots = opponent_slots(env.num_agents, env.device)
+        self.slot_index = self.slots.nonzero().squeeze(1)
+        self.select_rows = torch.device(env.device).type == "cpu"
         self.mix = dict(parse_mix(cfg.opponents, env.scripted_names))
         self.learner_policy = learner_policy
         self.ratings = Ratings()
@@ -202,13 +204,31 @@ class League:
     def fill(self, actions: torch.Tensor, record: Any) -> torch.Tensor:
         """Replace the opponent slots' actions: one batched forward per opponent in play."""
         reset = self.reset_next[:, None].expand(self.N, self.slots.shape[0])
+        side = self.slot_index
         for i in sorted(self.in_use):
             o = self.opponents[i]
+            mine = self.assign == i
+            if o.kind != "scripted" and not o.policy.recurrent:
+                # A feed-forward snapshot acts for its own envs' opponent slots only: with a pool of P
+                # snapshots, forwarding every env through each would cost P full batches per step.
+                # Selecting rows is free on the CPU; on an accelerator it would synchronise, so there
+                # the forward keeps the static shape of all envs (opponent slots only).
+                rows = mine.nonzero().squeeze(1) if self.select_rows else None
+                if rows is not None and rows.numel() == 0:
+                    continue
+                obs = record.obs[:, side] if rows is None else record.obs[rows][:, side]
+                other = o.policy.act(obs, greedy=False, generator=self.gen).to(actions.dtype)
+                if rows is None:
+                    m = mine.reshape(self.N, *([1] * (actions.dim() - 1)))
+                    other = torch.where(m, other, actions[:, side])
+                    rows = torch.arange(self.N, device=self.device)
+                actions = actions.index_put((rows[:, None], side[None, :]), other)
+                continue
             if o.kind == "scripted":
                 other = self.env.scripted_actions(o.name, record, self.gen)
             else:
                 other = o.policy.act(record.obs, greedy=False, generator=self.gen, reset=reset, active=record.active)
-            m = (self.slots[None, :] & (self.assign == i)[:, None]).reshape(self.N, -1, *([1] * (actions.dim() - 2)))
+            m = (self.slots[None, :] & mine[:, None]).reshape(self.N, -1, *([1] * (actions.dim() - 2)))
             actions = torch.where(m, other.to(actions.dtype), actions)
         self.reset_next = torch.zeros_like(self.reset_next)
         return actions
