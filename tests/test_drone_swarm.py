@@ -137,6 +137,15 @@ def test_coverage_weight_scales_only_the_coverage_term():
         env_(coverage_weight=-1.0)
 
 
+def test_training_default_coverage_weight_and_override():
+    from phalanx.config import resolve
+
+    assert DroneSwarmEnv(num_envs=1).coverage_weight == 10.0  # the env itself keeps the WORKLOADS weight
+    assert resolve({"env": "drone_swarm"}).env_options["coverage_weight"] == 0.1
+    cfg = resolve({"env": "drone_swarm", "env_options": {"coverage_weight": 10.0, "max_steps": 50}})
+    assert cfg.env_options["coverage_weight"] == 10.0 and cfg.env_options["max_steps"] == 50
+
+
 def _victim_setup(env, angles_deg, slots, radius=10.0):
     """One victim at (150, 150); the drones in `slots` at `radius` m from it at the given angles."""
     env.reset()

@@ -266,6 +266,7 @@ def resolve(*layers: dict[str, Any] | None) -> Config:
         known = sorted(registry.registered()) + [f"{p}:<id>" for p in sorted(registry._PREFIX_FACTORIES)]
         raise ConfigError(f"unknown env '{env}'; allowed: {', '.join(known)}")
     base = dict(spec.train_defaults) if spec else {}
+    env_opts = {**base.pop("env_options", {}), **env_opts}
     base.update(merged)
     if "norm_value" not in base and base.get("critic") == "mappo":
         base["norm_value"] = True

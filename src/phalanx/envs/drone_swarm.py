@@ -50,7 +50,9 @@ step's reward (with the battery penalty when it is more than 15 m from home), is
 and collisions) for the rest of the episode.
 
 Reward per drone and step, before scaling (relative weights of WORKLOADS.md), `reward_terms`:
-coverage +10 per cell it newly covered; victim +50 per victim the swarm confirmed this step (team
+coverage +10 per cell it newly covered (`coverage_weight`: on sar a full sweep pays 64,000 against 200
+per victim, so a return-maximising swarm has no reason to triangulate; training defaults to 0.1, where
+a full sweep pays about as much as the victims); victim +50 per victim the swarm confirmed this step (team
 reward: every drone active before the step gets it, relays included since they keep the links up);
 contribution +5 per triangulation contribution (the first bearing a drone delivers on a victim not
 yet confirmed; at most once per drone and victim); idle -2 when moving slower than 0.5 m/s and not
@@ -914,12 +916,15 @@ register(
             "max_steps": EnvOption(200, "time limit in 1-s steps (episode is truncated)"),
             "num_victims": EnvOption(0, "victims per episode (0: the profile's count)"),
             "reward_scale": EnvOption(0.01, "factor on every reward term (the terms keep the WORKLOADS weights)"),
-            "coverage_weight": EnvOption(10.0, "reward per newly covered cell (WORKLOADS: 10; 0.4 pays 10 per 5x5-cell block)"),
+            "coverage_weight": EnvOption(10.0, "reward per newly covered cell (WORKLOADS: 10; training defaults to 0.1 so victims matter)"),
         },
         train_defaults={
             "model": "role_attention", "num_envs": 64, "num_steps": 64, "total_steps": 2_000_000, "lr": 3e-4, "gamma": 0.99, "gae_lambda": 0.95,
             "ent_coef": 0.0, "norm_obs": True, "norm_reward": True, "critic": "mappo", "param_sharing": "shared_id",
             "hidden_sizes": [128, 128],
+            # Victims, not cells, are the point of a search: at WORKLOADS' 10 per 5 m cell, coverage pays
+            # 300x more than every victim together on sar and no learner triangulates (see the docstring).
+            "env_options": {"coverage_weight": 0.1},
         },
     )
 )
