@@ -137,6 +137,7 @@ def test_kill_9_storm_then_resume_matches_uninterrupted(tmp_path):
     """A self-play `phalanx train` is SIGKILLed at 20 random moments (checkpoints and league snapshots
     are written every update, so many kills land inside writes); after each kill the run directory is
     consistent, and the run resumed to the end equals the uninterrupted one."""
+    import contextlib
     import random
     import signal
     import subprocess
@@ -162,7 +163,20 @@ def test_kill_9_storm_then_resume_matches_uninterrupted(tmp_path):
         started = bool(ckpt.list_checkpoints(run))
         proc = subprocess.Popen(cmd + (["--resume", str(run)] if started else args + ["--run-dir", str(run)]),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(0.8, 2.5))
+        # Time the kill from the moment a resumed process holds the run lock (it writes its pid there),
+        # and a fresh run from its first checkpoint, not from launch: on a loaded machine imports and
+        # set-up can outlast a launch-timed kill, and kills that all land before anything is saved
+        # leave nothing to resume and test nothing.
+        ready_by = time.time() + 120
+        while proc.poll() is None and time.time() < ready_by:
+            if started:
+                with contextlib.suppress(OSError):
+                    if (run / ".lock").read_text() == str(proc.pid):
+                        break
+            elif ckpt.list_checkpoints(run):
+                break
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0.0, 1.7))
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             kills += 1
@@ -179,7 +193,8 @@ def test_kill_9_storm_then_resume_matches_uninterrupted(tmp_path):
             break
     print(f"kills: {kills}")
     assert kills >= 20
-    subprocess.run(cmd + ["--resume", str(run)], check=True, capture_output=True, timeout=600)
+    done = subprocess.run(cmd + ["--resume", str(run)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
     a = load_file(str(ckpt.latest_checkpoint(tmp_path / "full") / "model.safetensors"))
     b = load_file(str(ckpt.latest_checkpoint(run) / "model.safetensors"))
     for k in a:
