@@ -32,8 +32,8 @@ from phalanx.envs.spaces import Box
 from phalanx.errors import CheckpointError, ConfigError, NonFiniteEnvError, NonFiniteLossError
 from phalanx.models import MLPActorCritic
 
-# Keys that may differ when resuming; everything else must match the saved run.
 HISTORY_ROWS = 1_000  # updates kept in memory for RunResult.history
+# Keys that may differ when resuming; everything else must match the saved run.
 RESUME_MUTABLE = {"total_steps", "progress", "tensorboard", "checkpoint_every", "keep_checkpoints", "eval_episodes", "device", "torch_threads", "run_dir"}
 
 

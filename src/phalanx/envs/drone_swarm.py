@@ -922,8 +922,8 @@ register(
             "model": "role_attention", "num_envs": 64, "num_steps": 64, "total_steps": 2_000_000, "lr": 3e-4, "gamma": 0.99, "gae_lambda": 0.95,
             "ent_coef": 0.0, "norm_obs": True, "norm_reward": True, "critic": "mappo", "param_sharing": "shared_id",
             "hidden_sizes": [128, 128],
-            # Victims, not cells, are the point of a search: at WORKLOADS' 10 per 5 m cell, coverage pays
-            # 300x more than every victim together on sar and no learner triangulates (see the docstring).
+            # Victims, not cells, are the point of a search: at WORKLOADS' 10 per 5 m cell, a full sweep of
+            # sar pays 80x more than all its victims together and no learner triangulates (see the docstring).
             "env_options": {"coverage_weight": 0.1},
         },
     )

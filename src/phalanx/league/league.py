@@ -216,13 +216,14 @@ class League:
                 rows = mine.nonzero().squeeze(1) if self.select_rows else None
                 if rows is not None and rows.numel() == 0:
                     continue
-                obs = record.obs[:, side] if rows is None else record.obs[rows][:, side]
-                other = o.policy.act(obs, greedy=False, generator=self.gen).to(actions.dtype)
                 if rows is None:
+                    other = o.policy.act(record.obs[:, side], greedy=False, generator=self.gen).to(actions.dtype)
                     m = mine.reshape(self.N, *([1] * (actions.dim() - 1)))
-                    other = torch.where(m, other, actions[:, side])
-                    rows = torch.arange(self.N, device=self.device)
-                actions = actions.index_put((rows[:, None], side[None, :]), other)
+                    actions = actions.clone()
+                    actions[:, side] = torch.where(m, other, actions[:, side])
+                else:
+                    other = o.policy.act(record.obs[rows][:, side], greedy=False, generator=self.gen).to(actions.dtype)
+                    actions = actions.index_put((rows[:, None], side[None, :]), other)
                 continue
             if o.kind == "scripted":
                 other = self.env.scripted_actions(o.name, record, self.gen)
