@@ -54,7 +54,7 @@ def test_spaces_shapes_roles():
     assert env.role_names == ("sensor", "relay", "cluster_head")
     assert env.roles.tolist() == [SENSOR, SENSOR, CLUSTER_HEAD, RELAY]
     assert rec.active.all() and not (rec.terminated | rec.truncated).any()
-    assert env.reward_terms == REWARD_TERMS and len(REWARD_TERMS) == 8
+    assert env.reward_terms == REWARD_TERMS and len(REWARD_TERMS) == 9
     # Role one-hot at the end of the task block.
     assert torch.equal(rec.obs[0, :, -3:], torch.nn.functional.one_hot(env.roles, 3).float())
     # Neighbour block: slot 1 relative to slot 0 (entries in slot order for A <= 7).
@@ -140,10 +140,13 @@ def test_coverage_weight_scales_only_the_coverage_term():
 def test_training_default_coverage_weight_and_override():
     from phalanx.config import resolve
 
-    assert DroneSwarmEnv(num_envs=1).coverage_weight == 10.0  # the env itself keeps the WORKLOADS weight
-    assert resolve({"env": "drone_swarm"}).env_options["coverage_weight"] == 0.1
+    env = DroneSwarmEnv(num_envs=1)
+    assert env.coverage_weight == 10.0 and env.approach_weight == 0.0  # the env itself keeps the WORKLOADS terms
+    opts = resolve({"env": "drone_swarm"}).env_options
+    assert opts["coverage_weight"] == 0.1 and opts["approach_weight"] == 0.5
     cfg = resolve({"env": "drone_swarm", "env_options": {"coverage_weight": 10.0, "max_steps": 50}})
     assert cfg.env_options["coverage_weight"] == 10.0 and cfg.env_options["max_steps"] == 50
+    assert cfg.env_options["approach_weight"] == 0.5
 
 
 def _victim_setup(env, angles_deg, slots, radius=10.0):
@@ -187,6 +190,59 @@ def test_victim_needs_three_scanners_30_degrees_apart():
     _victim_setup(env, [0.0, 20.0, 180.0], [S0, S1, CH])
     env.step(hold(env, scan=(S0, S1, CH)))
     assert not env.confirmed[0, 0]
+
+
+def test_task_target_is_the_triangulation_viewpoint():
+    env = env_()
+    _victim_setup(env, [0.0], [S0])
+    rec = env.step(hold(env, scan=(S0,)))
+    assert env.detected[0, 0] and not env.confirmed[0, 0]
+    view, assigned = env.triangulation_viewpoints()
+    assert assigned[0].tolist() == [True, True, True, False]  # the three scanners, not the relay
+    # Viewpoints 0.6 scan widths (16.8 m) from the victim at 0, 60 and 120 degrees (exact: no noise).
+    for i, slot in enumerate((S0, S1, CH)):
+        r = math.radians(60.0 * i)
+        assert torch.allclose(view[0, slot], torch.tensor([150.0 + 16.8 * math.cos(r), 150.0 + 16.8 * math.sin(r)]), atol=1e-3)
+        want = (view[0, slot] - env.pos[0, slot, :2]) / 400.0
+        assert torch.allclose(rec.obs[0, slot, 57:59], want, atol=1e-5)
+    assert torch.allclose(rec.obs[0, RL, 57:59], (env.relay_station()[0, RL] - env.pos[0, RL, :2]) / 400.0, atol=1e-5)
+    # With one scanner depleted (two left) nobody is assigned; S0 holds a bearing, so it has no target.
+    env.active[0, S1] = False
+    _, assigned = env.triangulation_viewpoints()
+    assert not assigned.any()
+    assert env._task()[0, S0, :3].abs().sum() == 0
+
+
+def test_approach_pays_progress_towards_the_assigned_viewpoint_only():
+    env = env_(approach_weight=0.5)
+    _victim_setup(env, [0.0], [S0])
+    env.step(hold(env, scan=(S0,)))  # S0 detects: S0, S1 and CH get viewpoints
+    view, assigned = env.triangulation_viewpoints()
+    # S1 flies 8 m straight at its viewpoint; S0 and CH hover; the relay flies at full speed.
+    d = view[0, S1] - env.pos[0, S1, :2]
+    env.heading[0, S1] = torch.atan2(d[1], d[0])
+    a = hold(env)
+    a[0, S1, 2] = 30.0
+    a[0, RL, 2] = 30.0
+    before = (view[0, S1] - env.pos[0, S1, :2]).norm()
+    env.step(a)
+    progress = before - (view[0, S1] - env.pos[0, S1, :2]).norm()
+    assert progress == pytest.approx(8.0, abs=1e-3)
+    assert term(env, "approach", S1) == pytest.approx(0.5 * SCALE * 8.0, rel=1e-4)
+    assert term(env, "approach", S0) == pytest.approx(0.0, abs=1e-6)
+    assert term(env, "approach", RL) == 0.0  # relays are never assigned
+    # Flying away costs what flying back pays: a loop earns nothing.
+    env.heading[0, S1] += math.pi
+    env.step(a)
+    assert term(env, "approach", S1) == pytest.approx(-0.5 * SCALE * 8.0, rel=1e-3)
+    # The env's own default (WORKLOADS' terms only) pays nothing for it.
+    env0 = env_()
+    _victim_setup(env0, [0.0], [S0])
+    env0.step(hold(env0, scan=(S0,)))
+    env0.step(a)
+    assert term(env0, "approach", S1) == 0.0
+    with pytest.raises(ConfigError, match="approach_weight"):
+        env_(approach_weight=-1.0)
 
 
 def test_geometry_penalty_sensors_only_and_triangulation_error():
