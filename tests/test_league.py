@@ -181,3 +181,37 @@ def test_league_needs_two_sides_and_excludes_teammates(tmp_path):
                       run_dir=tmp_path / "a", progress=False, tensorboard=False)
     with pytest.raises(ConfigError, match="'teammates' and 'opponents'"):
         phalanx.train(run_dir=tmp_path / "b", teammates="rock", opponents="paper:1", total_steps=64, **RPS)
+
+
+@pytest.mark.parametrize("kw", [dict(opponents="rock:1,paper:1"), dict(opponents="self_play:1,rock:1", norm_obs=True)])
+def test_update_leaves_out_opponent_slots_and_is_unchanged_by_it(tmp_path, kw):
+    import copy
+
+    from phalanx.train import Trainer
+
+    tr = Trainer(resolve(dict(RPS, run_dir=str(tmp_path / "r"), **kw)))
+    assert tr.update_slots.tolist() == [0]  # the learner's side only
+    tr.collect()
+    model0, opt0, gen0 = copy.deepcopy(tr.model.state_dict()), copy.deepcopy(tr.optimizer.state_dict()), tr.gen.get_state()
+    m_sliced = tr.update()
+    sliced = {k: v.clone() for k, v in tr.model.state_dict().items()}
+    tr.model.load_state_dict(model0)
+    tr.optimizer.load_state_dict(opt0)
+    tr.gen.set_state(gen0)
+    tr.update_slots = None  # the whole agent axis, opponent slots masked out
+    m_whole = tr.update()
+    assert any(not torch.equal(v, model0[k]) for k, v in sliced.items())  # the update did move the weights
+    for k, v in tr.model.state_dict().items():
+        assert torch.allclose(v, sliced[k], atol=1e-6, rtol=1e-5), k
+    for k in ("policy_loss", "value_loss", "entropy", "approx_kl", "explained_variance"):
+        assert torch.allclose(m_sliced[k], m_whole[k], atol=1e-6, rtol=1e-5), k
+    tr.close()
+
+
+def test_update_keeps_every_slot_for_slot_aware_models(tmp_path):
+    from phalanx.train import Trainer
+
+    for kw in (dict(param_sharing="shared_id"), dict(param_sharing="per_role")):
+        tr = Trainer(resolve(dict(RPS, run_dir=str(tmp_path / kw["param_sharing"]), opponents="rock:1", **kw)))
+        assert tr.update_slots is None
+        tr.close()

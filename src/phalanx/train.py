@@ -237,6 +237,11 @@ class Trainer:
                 raise ConfigError("config keys 'teammates' and 'opponents' both fill agent slots; set only one")
             self.learner = ~opponent_slots(self.A, self.device)
             self.league = League(cfg, self.env, self.run_dir, self.policy(), self.gen)
+        # A model with one parameter set, no slot id and a per-agent critic treats every slot alike, so the
+        # update can leave out the slots it does not train (scripted teammates, league opponents), whose
+        # loss terms are masked to zero anyway: half of every update in a 1v1 league.
+        agnostic = (type(self.model) is MLPActorCritic and cfg.param_sharing == "shared" and not self.model.centralized)
+        self.update_slots = self.learner.nonzero().squeeze(1) if agnostic and not bool(self.learner.all()) else None
         self.global_step = 0
         self.update_idx = 0
         self.recent_returns: list[float] = []
@@ -493,7 +498,8 @@ class Trainer:
             )
         else:
             # Rows are (step, env) pairs; the agent axis stays whole so per-role layers see their slots.
-            flat = lambda x: x.reshape(-1, *x.shape[2:])  # noqa: E731
+            slots = self.update_slots
+            flat = lambda x: (x if slots is None else x.index_select(2, slots)).flatten(0, 1)  # noqa: E731
             obs = flat(b["obs"])
             batch = PPOBatch(
                 obs=obs, critic_obs=flat(b["states"]) if "states" in b else obs, actions=flat(b["actions"]),
