@@ -138,3 +138,10 @@ def test_eval_vs_table_for_a_team(tmp_path, capsys):
     assert "houses_saved" in out and out.count("\n") >= 4
     assert main(["eval", str(run), "--episodes", "4", "--vs", "nosuch"]) == 2
     assert "unknown opponent/team 'nosuch'" in capsys.readouterr().err
+    # Env options override the run's for this evaluation only: a short time limit cuts every episode.
+    assert main(["eval", str(run), "--episodes", "6", "--max-nights", "3", "--vs", "hero", "--json"]) == 0
+    short = json.loads(capsys.readouterr().out)
+    assert short["learned"]["mean_length"] <= 3 and short["hero"]["mean_length"] <= 3
+    assert table["hero"]["mean_length"] > 3
+    assert main(["eval", str(run), "--episodes", "4", "--nosuch-option", "1"]) == 2
+    assert "unknown env option 'nosuch_option' for 'bucket_brigade'" in capsys.readouterr().err

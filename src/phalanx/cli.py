@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -96,12 +97,17 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
-def cmd_eval(args: argparse.Namespace) -> int:
+def cmd_eval(args: argparse.Namespace, extra: list[str] | None = None) -> int:
+    from phalanx.envs import registry
     from phalanx.evaluate import evaluate_policy
     from phalanx.policy import load
 
     policy = load(args.run_dir, device=args.device)
     cfg = policy.config
+    # Env options given here (e.g. --approach-weight 0: the reward without a training-only term) override the run's.
+    overrides = registry.resolve_options(cfg.env, _parse_env_options(extra or []))
+    if overrides:
+        cfg = dataclasses.replace(cfg, env_options={**cfg.env_options, **overrides})
     common = dict(env_options=cfg.env_options, episodes=args.episodes, seed=args.seed, device=policy.device)
     if args.record:
         from phalanx.record import record_episode
@@ -289,7 +295,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     _train_parser(sub)
     pr = sub.add_parser("resume", help="continue a stopped run (same as train --resume)")
     pr.add_argument("run_dir")
-    pe = sub.add_parser("eval", help="evaluate a run's policy")
+    pe = sub.add_parser("eval", help="evaluate a run's policy",
+                        epilog="Env options (see `phalanx envs`) given as --option value override the run's for this evaluation.")
     pe.add_argument("run_dir")
     pe.add_argument("--episodes", type=int, default=20)
     mode = pe.add_mutually_exclusive_group()
@@ -322,7 +329,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     try:
         args, extra = parser.parse_known_args(argv)
-        if extra and args.command != "train":
+        if extra and args.command not in ("train", "eval"):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         if args.command == "train":
             return cmd_train(args, extra)
@@ -330,7 +337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ns = argparse.Namespace(resume=args.run_dir, config=None)
             return cmd_train(ns, [])
         if args.command == "eval":
-            return cmd_eval(args)
+            return cmd_eval(args, extra)
         if args.command == "league":
             return cmd_league(args)
         if args.command == "plot":
