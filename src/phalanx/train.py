@@ -784,6 +784,9 @@ class Trainer:
             ev = evaluate_policy(self.policy(), cfg.env, cfg.env_options, episodes=cfg.eval_episodes, seed=cfg.seed + 7777, device=self.device)
             final.update({f"eval_{k}": v for k, v in ev.items() if isinstance(v, (int, float))})
             ckpt.write_json_atomic(self.run_dir / "eval.json", ev)
+        # Ranks leave together: one that tore its process group down while rank 0 still evaluated was
+        # once aborted by gloo ("terminate called without an active exception") on a loaded machine.
+        self.dist.barrier()
         return RunResult(self.run_dir, final, self.policy(), cfg, list(self.history))
 
     def policy(self):
