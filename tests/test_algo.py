@@ -12,6 +12,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from gae_reference import forward_reference
 
 from phalanx.algo import (
     PPOBatch,
@@ -152,40 +153,6 @@ def test_gae_trial_end_continue_vs_stop():
     _close(adv, [0.75, -1.0, 2.25, 1.0])
 
 
-def _ref_gae(r, v, nv, term, trunc, gamma, lam, active, trial_end, stop):
-    """Independent float loop over one column."""
-    T = len(r)
-    adv = [0.0] * T
-    following = 0.0  # advantage of the next active step
-
-    def no_boot_at(u):
-        return term[u] or (stop and trial_end[u])
-
-    def bootstrap(t):
-        # V of the next step if active; else the value after the gap of inactive steps: the next
-        # active step's V, or 0 / V(final obs) where an episode ends inside the gap.
-        if t + 1 >= T or active[t + 1]:
-            return nv[t]
-        for u in range(t + 1, T):
-            if active[u]:
-                return v[u]
-            if no_boot_at(u) or trunc[u]:
-                return 0.0 if no_boot_at(u) else nv[u]
-        return nv[t]
-
-    for t in reversed(range(T)):
-        if not active[t]:
-            if no_boot_at(t) or trunc[t]:
-                following = 0.0
-            continue
-        no_boot = no_boot_at(t)
-        cut = no_boot or trunc[t]
-        delta = r[t] + (0.0 if no_boot else gamma * bootstrap(t)) - v[t]
-        adv[t] = delta + (0.0 if cut else gamma * lam * following)
-        following = adv[t]
-    return adv
-
-
 @pytest.mark.parametrize("mode", ["continue", "stop"])
 def test_gae_batch_dims_match_per_column_reference(mode):
     g = torch.Generator().manual_seed(3)
@@ -203,7 +170,7 @@ def test_gae_batch_dims_match_per_column_reference(mode):
     for n in range(N):
         for a in range(A):
             col = lambda x: x[:, n, a].tolist()  # noqa: E731
-            exp = _ref_gae(col(r), col(v), col(nv), col(term), col(trunc), gamma, lam, col(active), col(te), mode == "stop")
+            exp = forward_reference(col(r), col(v), col(nv), col(term), col(trunc), col(active), col(te), gamma, lam, mode == "stop")
             assert torch.allclose(adv[:, n, a], t64(exp), atol=1e-12)
     assert torch.allclose(ret, adv + v)
     assert torch.all(adv[~active] == 0)
@@ -797,6 +764,6 @@ def test_gae_is_a_parallel_scan_matching_the_reference_on_long_rollouts():
         counts[T] = Calls.n
         for n in range(3):
             col = lambda x: x[:, n].tolist()  # noqa: E731
-            exp = _ref_gae(col(r), col(v), col(nv), col(term), col(trunc), 0.99, 0.95, col(active), col(te), False)
+            exp = forward_reference(col(r), col(v), col(nv), col(term), col(trunc), col(active), col(te), 0.99, 0.95, False)
             assert torch.allclose(adv[:, n], t64(exp), atol=1e-9)
     assert counts[256] - counts[16] <= 4 * 3 * 8, counts  # 4 more rounds in each of 3 scans

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import sys
 import typing
 from dataclasses import dataclass, field
-from pathlib import Path, PurePath
+from pathlib import Path
 from typing import Any
 
+from phalanx.coerce import coerce
 from phalanx.errors import ConfigError
 
 
@@ -123,6 +123,8 @@ class Config:
         return dataclasses.asdict(self)
 
 
+# Models whose update replays each env's rollout as one sequence, so a minibatch holds whole envs.
+MEMORY_MODELS = ("lstm", "transformer", "strategy")
 FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 _HINTS = typing.get_type_hints(Config)
 
@@ -137,69 +139,7 @@ def describe_keys() -> list[tuple[str, str, Any, str]]:
 
 
 def _coerce(key: str, value: Any) -> Any:
-    want = _HINTS[key]
-    name = want.__name__
-    bad = ConfigError(f"config key '{key}' must be {name}, got {value!r}")
-    if want is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no", "on", "off"):
-            return value.lower() in ("true", "1", "yes", "on")
-        raise bad
-    if want is int:
-        if isinstance(value, bool):
-            raise bad
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str):
-            text = value.replace("_", "")
-            try:
-                return int(text)
-            except ValueError:
-                pass
-            try:
-                as_float = float(text)
-            except ValueError:
-                raise bad from None
-            if as_float.is_integer():
-                return int(as_float)
-        raise bad
-    if want is float:
-        if isinstance(value, bool):
-            raise bad
-        out = None
-        if isinstance(value, (int, float)):
-            out = float(value)
-        elif isinstance(value, str):
-            try:
-                out = float(value)
-            except ValueError:
-                raise bad from None
-        if out is None:
-            raise bad
-        if not math.isfinite(out):
-            raise ConfigError(f"config key '{key}' must be a finite number, got {value!r}")
-        return out
-    if want is str:
-        if isinstance(value, (str, PurePath)):
-            return str(value)
-        raise bad
-    if want is list:
-        if isinstance(value, str):
-            try:
-                value = [int(v) for v in value.replace("[", "").replace("]", "").split(",") if v.strip()]
-            except ValueError:
-                raise bad from None
-        if isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
-            return list(value)
-        raise ConfigError(f"config key '{key}' must be a list of positive integers, got {value!r}")
-    if want is dict:
-        if isinstance(value, dict):
-            return dict(value)
-        raise ConfigError(f"config key '{key}' must be a mapping, got {value!r}")
-    raise bad  # pragma: no cover
+    return coerce(value, _HINTS[key], f"config key '{key}'")
 
 
 def _check_range(key: str, value: Any) -> None:
@@ -278,7 +218,7 @@ def resolve(*layers: dict[str, Any] | None) -> Config:
         values[key] = value
     values["env_options"] = registry.resolve_options(env, env_opts)
     cfg = Config(**values)
-    if cfg.model != "mlp" and cfg.num_minibatches > cfg.num_envs:
+    if cfg.model in MEMORY_MODELS and cfg.num_minibatches > cfg.num_envs:
         raise ConfigError(
             f"config key 'num_minibatches' must be <= num_envs ({cfg.num_envs}) with model={cfg.model}: minibatches keep each "
             f"env's segment whole; got {cfg.num_minibatches}"

@@ -189,6 +189,17 @@ class Trainer:
     def __init__(self, cfg: Config, run_dir: Path | None = None, resume: bool = False):
         self.cfg = cfg
         self.dist = Dist()
+        self.env: VecEnv | None = None
+        self.lock: runs.RunLock | None = None
+        try:
+            self._build(cfg, run_dir, resume)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, cfg: Config, run_dir: Path | None, resume: bool) -> None:
+        """Everything that can refuse the config (env, options, model, buffers) comes before the run
+        directory is created and locked, so a refused config leaves nothing behind."""
         self.device = self.dist.init(runs.resolve_device(cfg.device))
         self.main = self.dist.is_main
         if cfg.progress and self.main:
@@ -200,12 +211,6 @@ class Trainer:
         stamp = self.dist.broadcast_int(int(time.time()))
         self.run_dir = Path(run_dir or cfg.run_dir or runs.default_run_dir(cfg.env, stamp))
         self.resume = resume
-        self.lock = runs.RunLock(self.run_dir)
-        if self.main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            runs.check_run_dir(self.run_dir)
-            self.lock.acquire()
-        self.dist.barrier()
         if self.dist.enabled and cfg.opponents:
             raise ConfigError("config key 'opponents' (the self-play league) is not supported with torchrun yet; train it in one process")
         torch.manual_seed(cfg.seed)
@@ -249,6 +254,9 @@ class Trainer:
         self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY_ROWS)
         self._alloc_buffers()
         self.record = self.env.reset(seed=self.env_seed)
+        # The observation statistics count the reset observations here and every later one once, as it
+        # arrives in `collect` (a rollout starts from the observation the previous one already counted).
+        self._obs_in(self.record.obs, update=True, mask=self.record.active & self.learner)
         self.ep_return = torch.zeros(self.N, self.A, device=self.device)
         self.ep_length = torch.zeros(self.N, self.A, device=self.device)
         self.team_return = torch.zeros(self.N, device=self.device)
@@ -263,9 +271,16 @@ class Trainer:
             # Shapes are fixed for the whole run (num_envs, minibatch size), so each compiles once.
             self._act = torch.compile(self.model.act, dynamic=False)
             self._evaluate_fn = torch.compile(self._evaluate, dynamic=False)
+        self.final_values_whole_batch = self.device.type != "cpu"
         self.writer = None
         self.checkpoint_every = cfg.checkpoint_every or max(cfg.batch_size, cfg.total_steps // 10)
         self._last_ckpt_step = 0
+        if self.main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            runs.check_run_dir(self.run_dir)
+            self.lock = runs.RunLock(self.run_dir)
+            self.lock.acquire()
+        self.dist.barrier()
 
     # -- buffers ---------------------------------------------------------------------------------
     def buffer_specs(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
@@ -311,11 +326,15 @@ class Trainer:
             self.norms.obs.update(x, mask)
         return self.norms.obs.normalize(x, self.cfg.obs_clip)
 
-    def _value(self, obs_n: torch.Tensor, state: torch.Tensor | None) -> torch.Tensor:
+    def _value(self, obs_n: torch.Tensor, state: torch.Tensor | None, envs: torch.Tensor | None = None) -> torch.Tensor:
+        """V of observations of all envs, or of the envs `envs` (a long index) only."""
         with self._amp():
             if getattr(self.model, "memory_critic", False):
                 # V from the memory as it stands (e.g. V(final_obs) before the next step's reset); writes nothing.
-                v = self.model.value_step(obs_n, self.memory)
+                memory = self.memory
+                if envs is not None:
+                    memory = memory.select((envs.unsqueeze(1) * self.A + torch.arange(self.A, device=envs.device)).reshape(-1))
+                v = self.model.value_step(obs_n, memory)
             else:
                 v = self.model.value(state.reshape(state.shape[0], -1).float() if self.model.centralized else obs_n)
         return self._denorm(v.float())
@@ -336,7 +355,7 @@ class Trainer:
         stats = {"ep_return_sum": zero(), "ep_length_sum": zero(), "episodes": zero(), "team_return_sum": zero(), "team_episodes": zero(),
                  "env_nonfinite": zero(), "env_first_bad_step": torch.full((), -1.0, device=self.device)}
         head, learner = self.model.head, self.learner
-        obs_n = self._obs_in(rec.obs, update=True, mask=rec.active & learner)
+        obs_n = self._obs_in(rec.obs)
         memory_critic = getattr(self.model, "memory_critic", False)
         if self.recurrent:
             self.segment_start = self.memory.clone()
@@ -372,7 +391,10 @@ class Trainer:
             reward = rec.reward
             done = rec.terminated | rec.truncated
             if memory_critic:
-                b["next_values"][t] = self._value(self._obs_in(rec.final_obs), None)
+                # Until the last step, what follows is valued by the next step's act_step (same memory, no
+                # reset where the episode goes on): those entries are filled in after the loop.
+                ahead = self._value(next_n, None) if t == self.cfg.num_steps - 1 else torch.zeros_like(reward)
+                b["next_values"][t] = self._final_values(rec, ahead)
             else:
                 value = self._value(next_n, rec.state)
                 b["next_values"][t] = self._final_values(rec, value)
@@ -415,6 +437,9 @@ class Trainer:
             b["truncated"][t] = rec.truncated
             b["trial_end"][t] = rec.trial_end
             obs_n = next_n
+        if memory_critic:
+            nv = b["next_values"]
+            nv[:-1] = torch.where(b["truncated"][:-1], nv[:-1], b["values"][1:])
         self.record = rec
         return stats
 
@@ -441,18 +466,21 @@ class Trainer:
         return v.mean(-1)
 
     def _final_values(self, rec, next_value: torch.Tensor) -> torch.Tensor:
-        """V(final_obs): equal to V(next obs) except where an episode was truncated (terminated
-        steps ignore it). On CPU, reading which rows were truncated costs nothing, so only those
-        rows go through the critic; on accelerators the whole batch does, to avoid a host sync."""
-        state = rec.final_state
-        if self.device.type == "cpu":
-            rows = rec.truncated.any(-1).nonzero().squeeze(1)
-            if rows.numel() == 0:
+        """The bootstrap of this step (DESIGN.md section 2): V(final_obs) where the slot was truncated,
+        else `next_value`, V of the observation that follows, also across a trial end (terminated steps
+        ignore it). Only the truncated envs go through the critic (`final_values_whole_batch` False:
+        on CPU, reading which they are costs nothing) or the whole batch does (accelerators: no host
+        sync); both give the same values."""
+        trunc, state = rec.truncated, rec.final_state
+        if not self.final_values_whole_batch:
+            envs = trunc.any(-1).nonzero().squeeze(1)
+            if envs.numel() == 0:
                 return next_value
+            final = self._value(self._obs_in(rec.final_obs[envs], rows=len(envs)), state[envs] if state is not None else None, envs)
             out = next_value.clone()
-            out[rows] = self._value(self._obs_in(rec.final_obs[rows], rows=len(rows)), state[rows] if state is not None else None)
+            out[envs] = torch.where(trunc[envs], final, next_value[envs])
             return out
-        return self._value(self._obs_in(rec.final_obs), state)
+        return torch.where(trunc, self._value(self._obs_in(rec.final_obs), state), next_value)
 
     # -- update ----------------------------------------------------------------------------------
     def _evaluate(self, part: PPOBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -483,9 +511,11 @@ class Trainer:
         values = b["values"]
         mask = b["active"].float()
         if self.norms.value is not None:
+            # The clip window is centred on what the critic output at collection: `values` in the units of
+            # the statistics it was denormalised with, i.e. before this update folds in the new returns.
+            values = self.norms.value.normalize(values)
             self.norms.value.update(ret, b["active"])
             ret = self.norms.value.normalize(ret)
-            values = self.norms.value.normalize(values)
         if self.recurrent:
             # Rows are envs; each keeps its whole [A, T] segment so the sequence forward can replay it
             # from the memory stored at the rollout's start.
@@ -795,8 +825,10 @@ class Trainer:
         return Policy(self.model, self.norms.obs, self.cfg, self.env.observation_space, self.env.action_space)
 
     def close(self) -> None:
-        self.env.close()
-        if self.main:
+        """Release what the run holds; safe on a trainer whose construction failed part-way."""
+        if self.env is not None:
+            self.env.close()
+        if self.lock is not None:
             self.lock.release()
         self.dist.close()
 

@@ -24,7 +24,8 @@ def compute_gae(
     `next_values[t]` is V of the observation that followed step t *before* any auto-reset, i.e.
     V(final_obs_t): a truncation bootstraps from it, a termination ignores it. Inactive steps get
     zero advantage and leave the running estimate untouched, so value flows across them from
-    the next active step. With `trial_bootstrap="stop"` a trial end cuts the trace like a
+    the next active step, unless the step before the gap ended its episode: it keeps its own
+    bootstrap. With `trial_bootstrap="stop"` a trial end cuts the trace like a
     termination; with "continue" value flows across it.
     """
     if trial_bootstrap not in ("continue", "stop"):
@@ -53,7 +54,10 @@ def compute_gae(
     later = lambda x, fill: torch.cat([x[1:], torch.full_like(x[:1], fill)], 0)  # noqa: E731 x[t + 1]
     carry_next, known_next, act_next = later(carry, 0.0), later(known, 0.0), later(act, 1.0)
     gap_value = known_next * carry_next + (1.0 - known_next) * next_values
-    nv = act_next * next_values + (1.0 - act_next) * gap_value
+    # Only a step whose episode goes on looks across the gap: one that ended keeps its own bootstrap
+    # (V(final_obs), or none), since the carried value belongs to the next episode.
+    across_gap = (1.0 - act_next) * not_ended
+    nv = (1.0 - across_gap) * next_values + across_gap * gap_value
     deltas = rewards + gamma * nv * not_term - values
     # An episode boundary flagged on an inactive step still cuts the trace.
     last = _backward_scan(act * decay + (1.0 - act) * not_ended, act * deltas)

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 METRIC_NAMES = (
-    "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "loss", "grad_norm",
+    "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "value_clip_fraction", "loss", "grad_norm",
     "explained_variance", "nonfinite", "epochs",
 )
 
@@ -75,21 +75,26 @@ def ppo_losses(
     pg1 = -adv * ratio
     pg2 = -adv * ratio.clamp(1 - clip_coef, 1 + clip_coef)
     policy_loss = masked_mean(torch.maximum(pg1, pg2), m)
+    v_loss = (new_values - batch.returns) ** 2
+    # Samples whose value gradient the clip zeroes (the clipped term is the larger and is clamped).
+    v_clipped_out = torch.zeros_like(v_loss, dtype=torch.bool)
     if clip_vloss:
         vclip = clip_coef if vf_clip_coef is None else vf_clip_coef
         v_clipped = batch.values + (new_values - batch.values).clamp(-vclip, vclip)
-        v_loss = torch.maximum((new_values - batch.returns) ** 2, (v_clipped - batch.returns) ** 2)
-    else:
-        v_loss = (new_values - batch.returns) ** 2
+        v_clipped_loss = (v_clipped - batch.returns) ** 2
+        v_clipped_out = (v_clipped_loss > v_loss) & ((new_values - batch.values).abs() > vclip)
+        v_loss = torch.maximum(v_loss, v_clipped_loss)
     value_loss = 0.5 * masked_mean(v_loss, m)
     ent = masked_mean(entropy, m)
     loss = policy_loss - ent_coef * ent + vf_coef * value_loss
     with torch.no_grad():
         approx_kl = masked_mean((ratio - 1) - log_ratio, m)
         clip_fraction = masked_mean(((ratio - 1).abs() > clip_coef).to(ratio.dtype), m)
+        value_clip_fraction = masked_mean(v_clipped_out.to(ratio.dtype), m)
     return loss, {
         "policy_loss": policy_loss.detach(), "value_loss": value_loss.detach(), "entropy": ent.detach(),
-        "approx_kl": approx_kl, "clip_fraction": clip_fraction, "loss": loss.detach(),
+        "approx_kl": approx_kl, "clip_fraction": clip_fraction, "value_clip_fraction": value_clip_fraction,
+        "loss": loss.detach(),
     }
 
 
@@ -129,7 +134,7 @@ def ppo_update(
     Data-parallel training passes `sync_grads` (average the gradients across processes before each
     step) and `sync_mean` (so every process takes the same early-stopping decision)."""
     size = len(batch)
-    mb = max(1, size // num_minibatches)
+    parts = min(num_minibatches, size)
     device = batch.logprobs.device
     sums = {k: torch.zeros((), device=device) for k in METRIC_NAMES}
     steps = 0
@@ -137,8 +142,9 @@ def ppo_update(
     for _ in range(num_epochs):
         perm = torch.randperm(size, generator=generator, device=device)
         kl_epoch = torch.zeros((), device=device)
-        for start in range(0, mb * num_minibatches, mb):
-            part = batch.index(perm[start:start + mb])
+        # Every sample in every epoch: a remainder is spread one row each over the first minibatches.
+        for idx in perm.tensor_split(parts):
+            part = batch.index(idx)
             new_logp, ent, new_v = evaluate(part)
             loss, metrics = ppo_losses(
                 new_logp, ent, new_v, part, clip_coef, vf_coef, ent_coef, clip_vloss, vf_clip_coef, norm_adv
@@ -158,7 +164,7 @@ def ppo_update(
         epochs_done += 1
         if sync_mean is not None:
             kl_epoch = sync_mean(kl_epoch)
-        if target_kl is not None and float(kl_epoch / num_minibatches) > target_kl:
+        if target_kl is not None and float(kl_epoch / parts) > target_kl:
             break
     out = {k: v / max(steps, 1) for k, v in sums.items()}
     out["nonfinite"] = sums["nonfinite"]

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from phalanx.coerce import coerce
 from phalanx.envs.base import VecEnv
 from phalanx.errors import ConfigError
 
@@ -51,23 +52,8 @@ def spec(name: str) -> EnvSpec | None:
 
 
 def _coerce_option(env: str, key: str, opt: EnvOption, value: Any) -> Any:
-    if opt.default is not None and not isinstance(value, type(opt.default)):
-        want = type(opt.default)
-        try:
-            if want is bool and isinstance(value, str):
-                if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                    raise ValueError
-                value = value.lower() in ("true", "1", "yes")
-            elif want is float and isinstance(value, (int, str)) and not isinstance(value, bool):
-                value = float(value)
-            elif want is int and isinstance(value, str):
-                value = int(value)
-            else:
-                raise ValueError
-        except ValueError:
-            raise ConfigError(
-                f"env option '{key}' of '{env}' must be {want.__name__}, got {value!r}"
-            ) from None
+    if opt.default is not None:
+        value = coerce(value, type(opt.default), f"env option '{key}' of '{env}'")
     if opt.choices is not None and value not in opt.choices:
         raise ConfigError(
             f"env option '{key}' of '{env}' must be one of {', '.join(map(str, opt.choices))}; got {value!r}"
