@@ -16,6 +16,7 @@ from gae_reference import forward_reference
 
 from phalanx.algo import (
     PPOBatch,
+    PPOParams,
     RewardScaler,
     RunningMeanStd,
     compute_gae,
@@ -29,6 +30,15 @@ from phalanx.models import distributions as D
 from phalanx.models.mlp import ActionHead, MLPActorCritic
 
 F64 = torch.float64
+
+
+def losses(newlp, ent, newv, batch, clip_coef=0.2, vf_coef=0.5, ent_coef=0.0, **kw):
+    """`ppo_losses` with the hyperparameters given as keywords (or the first three positionally)."""
+    return ppo_losses(newlp, ent, newv, batch, PPOParams(clip_coef=clip_coef, vf_coef=vf_coef, ent_coef=ent_coef, **kw))
+
+
+def update(evaluate, params, optimizer, batch, generator=None, **kw):
+    return ppo_update(evaluate, params, optimizer, batch, PPOParams(**kw), generator=generator)
 
 
 def t64(x) -> torch.Tensor:
@@ -231,7 +241,7 @@ def test_ppo_losses_two_sample_hand_values():
     # ratios 1.5 (clipped to 1.2) and 0.9 (inside the clip range); advantages 2 and 1
     newlp = t64([math.log(1.5), math.log(0.9)])
     b = _batch([0.0, 0.0], [2.0, 1.0], [0.5, 1.0], [0.0, 0.0], [1.0, 1.0])
-    loss, m = ppo_losses(newlp, t64([1.0, 2.0]), t64([1.0, -0.1]), b, clip_coef=0.2, vf_coef=0.5,
+    loss, m = losses(newlp, t64([1.0, 2.0]), t64([1.0, -0.1]), b, clip_coef=0.2, vf_coef=0.5,
                          ent_coef=0.01, clip_vloss=True, norm_adv=False)
     # policy: max(-3, -2.4) = -2.4 ; max(-.9, -.9) = -.9 -> mean -1.65
     assert abs(m["policy_loss"].item() - (-1.65)) < 1e-9
@@ -263,7 +273,7 @@ def test_ppo_losses_golden(norm_adv, clip_vloss, vf_clip, mask):
     g = GOLD
     clip, vf, ec = 0.2, 0.5, 0.01
     b = _batch(g["oldlp"], g["adv"], g["ret"], g["oldv"], mask)
-    loss, m = ppo_losses(t64(g["newlp"]), t64(g["ent"]), t64(g["newv"]), b, clip, vf, ec,
+    loss, m = losses(t64(g["newlp"]), t64(g["ent"]), t64(g["newv"]), b, clip, vf, ec,
                          clip_vloss=clip_vloss, vf_clip_coef=vf_clip, norm_adv=norm_adv)
     exp = _ref_losses(g["newlp"], g["ent"], g["newv"], g["oldlp"], g["adv"], g["ret"], g["oldv"], mask, clip, vf, ec,
                       clip_vloss, clip if vf_clip is None else vf_clip, norm_adv)
@@ -278,8 +288,8 @@ def test_ppo_losses_value_clipping_is_effective():
     g = GOLD
     b = _batch(g["oldlp"], g["adv"], g["ret"], g["oldv"], [1] * 6)
     args = (t64(g["newlp"]), t64(g["ent"]), t64(g["newv"]), b, 0.2, 0.5, 0.0)
-    _, clipped = ppo_losses(*args, clip_vloss=True)
-    _, plain = ppo_losses(*args, clip_vloss=False)
+    _, clipped = losses(*args, clip_vloss=True)
+    _, plain = losses(*args, clip_vloss=False)
     assert clipped["value_loss"].item() > plain["value_loss"].item() + 1e-3
 
 
@@ -297,7 +307,7 @@ def test_ppo_losses_masked_entries_do_not_matter():
         b = PPOBatch(torch.zeros(6, 1), torch.zeros(6, 1), torch.zeros(6), vals["oldlp"], vals["adv"], vals["ret"],
                      vals["oldv"], t64(mask))
         for norm_adv in (False, True):
-            loss, m = ppo_losses(vals["newlp"], vals["ent"], vals["newv"], b, 0.2, 0.5, 0.01, norm_adv=norm_adv)
+            loss, m = losses(vals["newlp"], vals["ent"], vals["newv"], b, 0.2, 0.5, 0.01, norm_adv=norm_adv)
             results.append((norm_adv, loss.item(), {k: v.item() for k, v in m.items()}))
     for r in results[2:]:
         ref = results[0] if r[0] is False else results[1]
@@ -315,7 +325,7 @@ def test_ppo_losses_nonfinite_masked_entries_do_not_matter():
     adv[4] = float("nan")
     b = PPOBatch(torch.zeros(6, 1), torch.zeros(6, 1), torch.zeros(6), t64(g["oldlp"]), adv, t64(g["ret"]),
                  t64(g["oldv"]), mask)
-    loss, m = ppo_losses(newlp, t64(g["ent"]), t64(g["newv"]), b, 0.2, 0.5, 0.01, norm_adv=True)
+    loss, m = losses(newlp, t64(g["ent"]), t64(g["newv"]), b, 0.2, 0.5, 0.01, norm_adv=True)
     assert torch.isfinite(loss)
     assert all(torch.isfinite(v) for v in m.values())
 
@@ -324,7 +334,7 @@ def test_ppo_losses_gradient_zero_on_clipped_side():
     # sample 0: adv > 0 and ratio 1.5 > 1.2 -> no gradient; sample 1: ratio 0.9 inside -> gradient -adv*ratio/n
     newlp = t64([math.log(1.5), math.log(0.9)]).requires_grad_(True)
     b = _batch([0.0, 0.0], [2.0, 1.0], [0.0, 0.0], [0.0, 0.0], [1.0, 1.0])
-    loss, _ = ppo_losses(newlp, t64([0.0, 0.0]), t64([0.0, 0.0]), b, 0.2, 0.5, 0.0, norm_adv=False)
+    loss, _ = losses(newlp, t64([0.0, 0.0]), t64([0.0, 0.0]), b, 0.2, 0.5, 0.0, norm_adv=False)
     loss.backward()
     assert newlp.grad[0].item() == 0.0
     assert abs(newlp.grad[1].item() - (-1.0 * 0.9 / 2)) < 1e-9
@@ -389,14 +399,14 @@ def test_ppo_update_changes_all_params_and_lowers_loss(kind):
         assert "head.log_std" in names
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     with torch.no_grad():
-        loss0, m0 = ppo_losses(*fn(batch), batch, KW["clip_coef"], KW["vf_coef"], KW["ent_coef"])
+        loss0, m0 = losses(*fn(batch), batch, KW["clip_coef"], KW["vf_coef"], KW["ent_coef"])
     assert m0["approx_kl"].abs().item() < 1e-6  # logprobs came from the same model
     params = list(model.parameters())
     opt = torch.optim.Adam(params, lr=1e-3)
-    metrics = ppo_update(fn, params, opt, batch, num_epochs=1, num_minibatches=1, **KW,
+    metrics = update(fn, params, opt, batch, num_epochs=1, num_minibatches=1, **KW,
                          generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        loss1, _ = ppo_losses(*fn(batch), batch, KW["clip_coef"], KW["vf_coef"], KW["ent_coef"])
+        loss1, _ = losses(*fn(batch), batch, KW["clip_coef"], KW["vf_coef"], KW["ent_coef"])
     for n, p in model.named_parameters():
         assert not torch.equal(p.detach(), before[n]), f"{n} did not change"
     assert loss1.item() < loss0.item()
@@ -416,14 +426,14 @@ def test_ppo_update_changes_all_params_and_lowers_loss(kind):
 def test_ppo_update_reports_unclipped_grad_norm_and_clips(kind):
     model, batch = _model_batch(kind, seed=1)
     ref = copy.deepcopy(model)
-    loss, _ = ppo_losses(*_fn(ref)(batch), batch, KW["clip_coef"], KW["vf_coef"], KW["ent_coef"])
+    loss, _ = losses(*_fn(ref)(batch), batch, KW["clip_coef"], KW["vf_coef"], KW["ent_coef"])
     loss.backward()
     gn = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in ref.parameters())).item()
     max_norm = gn / 10
     before = torch.cat([p.detach().flatten().clone() for p in model.parameters()])
     params = list(model.parameters())
     opt = torch.optim.SGD(params, lr=1.0)
-    metrics = ppo_update(_fn(model), params, opt, batch, num_epochs=1, num_minibatches=1,
+    metrics = update(_fn(model), params, opt, batch, num_epochs=1, num_minibatches=1,
                          clip_coef=0.2, vf_coef=0.5, ent_coef=0.01, max_grad_norm=max_norm)
     assert abs(metrics["grad_norm"].item() - gn) < 1e-4 * gn
     after = torch.cat([p.detach().flatten() for p in model.parameters()])
@@ -433,7 +443,7 @@ def test_ppo_update_reports_unclipped_grad_norm_and_clips(kind):
 def test_ppo_update_explained_variance_metric():
     model, batch = _model_batch("discrete", seed=2)
     params = list(model.parameters())
-    metrics = ppo_update(_fn(model), params, torch.optim.Adam(params, lr=1e-3), batch, num_epochs=1,
+    metrics = update(_fn(model), params, torch.optim.Adam(params, lr=1e-3), batch, num_epochs=1,
                          num_minibatches=2, **KW)
     m = batch.mask.numpy() > 0
     ret, val = batch.returns.numpy()[m].astype(np.float64), batch.values.numpy()[m].astype(np.float64)
@@ -453,7 +463,7 @@ def test_ppo_update_minibatches_cover_batch_each_epoch():
         return inner(part)
 
     params = list(model.parameters())
-    ppo_update(fn, params, torch.optim.Adam(params, lr=1e-4), batch, num_epochs=2, num_minibatches=4, **KW,
+    update(fn, params, torch.optim.Adam(params, lr=1e-4), batch, num_epochs=2, num_minibatches=4, **KW,
                generator=torch.Generator().manual_seed(0))
     assert len(seen) == 8 and all(len(s) == 6 for s in seen)
     for e in range(2):
@@ -465,12 +475,12 @@ def test_ppo_update_multi_epoch_kl_and_target_kl_early_stop():
     model, batch = _model_batch("discrete", seed=4)
     m2 = copy.deepcopy(model)
     params = list(model.parameters())
-    full = ppo_update(_fn(model), params, torch.optim.Adam(params, lr=3e-3), batch, num_epochs=4, num_minibatches=4,
+    full = update(_fn(model), params, torch.optim.Adam(params, lr=3e-3), batch, num_epochs=4, num_minibatches=4,
                       **KW, generator=torch.Generator().manual_seed(0))
     assert full["epochs"].item() == 4.0
     assert full["approx_kl"].item() > 0
     p2 = list(m2.parameters())
-    early = ppo_update(_fn(m2), p2, torch.optim.Adam(p2, lr=3e-3), batch, num_epochs=4, num_minibatches=4,
+    early = update(_fn(m2), p2, torch.optim.Adam(p2, lr=3e-3), batch, num_epochs=4, num_minibatches=4,
                        **KW, target_kl=1e-12, generator=torch.Generator().manual_seed(0))
     assert early["epochs"].item() == 1.0
 
@@ -480,7 +490,7 @@ def test_ppo_update_deterministic_with_generator():
     for _ in range(2):
         model, batch = _model_batch("multi", seed=5)
         params = list(model.parameters())
-        met = ppo_update(_fn(model), params, torch.optim.Adam(params, lr=1e-3), batch, num_epochs=2,
+        met = update(_fn(model), params, torch.optim.Adam(params, lr=1e-3), batch, num_epochs=2,
                          num_minibatches=4, **KW, generator=torch.Generator().manual_seed(7))
         outs.append((torch.cat([p.detach().flatten() for p in params]), met))
     assert torch.equal(outs[0][0], outs[1][0])

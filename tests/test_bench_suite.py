@@ -6,7 +6,8 @@ import types
 
 import pytest
 
-from phalanx import bench
+import phalanx_bench.main as bench
+from phalanx import profile
 from phalanx.cli import main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -59,51 +60,42 @@ def test_suite_json_rows_files_and_profile(tmp_path, capsys):
     assert (tmp_path / "bench.png").read_bytes()[:8] == PNG_MAGIC
 
 
-def test_profile_target_restores_what_it_wraps(capsys, monkeypatch):
-    import importlib
-
-    import phalanx.algo
-
+def test_profile_reads_the_trainers_own_clock_and_switches_it_off(capsys, monkeypatch):
     seen = []
-    make_patches = bench._profile_patches
+    real = bench._timed_cycles
 
-    def spy(trainer, clock):
-        seen.append((trainer, trainer._act))
-        return make_patches(trainer, clock)
+    def spy(trainer, seconds):
+        assert trainer.timer.enabled  # the trainer's phases are timed, nothing of it is replaced
+        seen.append(trainer)
+        return real(trainer, seconds)
 
-    monkeypatch.setattr(bench, "_profile_patches", spy)
+    monkeypatch.setattr(bench, "_timed_cycles", spy)
     assert main(["bench", "profile", "--workloads", "cartpole", *TINY, "--json"]) == 0
     captured = capsys.readouterr()
     result = json.loads(captured.out)
     assert result["target"] == "profile" and len(result["profile"]) == 1
     _check_profile(result["profile"][0])
     assert "model compute (policy forward + update)" in captured.err
-    assert importlib.import_module("phalanx.train").compute_gae is phalanx.algo.compute_gae
-    (trainer, act), = seen
-    assert "step" not in vars(trainer.env) and "_value" not in vars(trainer)  # methods again, not wrappers
-    assert trainer._act is act
+    (trainer,) = seen
+    assert not trainer.timer.enabled
 
 
-def test_clock_and_patched_nest_and_restore(monkeypatch):
+def test_phase_timer_counts_nested_phases_once_and_costs_nothing_when_off(monkeypatch):
     ticks = itertools.count()  # every perf_counter call is one second later
-    monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))
-    clock = bench._Clock(bench.torch.device("cpu"))
-
-    class Env:
-        def step(self, x):
-            return inner.work(x)
-
-    inner = types.SimpleNamespace(work=lambda x: x + 1)
-    env = Env()
-    patches = [(env, "step", clock.wrap("outer", env.step)), (inner, "work", clock.wrap("inner", inner.work))]
-    with pytest.raises(RuntimeError), bench.patched(patches):
-        assert env.step(1) == 2
-        assert inner.work(1) == 2
-        raise RuntimeError("restored even so")
-    # The nested call counted to the outer part only (one tick, no inner timing inside); the direct one to its own.
-    assert clock.seconds == {"outer": 1.0, "inner": 1.0}
-    assert "step" not in vars(env) and env.step.__func__ is Env.step
-    assert inner.work(1) == 2 and inner.work.__name__ == "<lambda>"
+    monkeypatch.setattr(profile, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))
+    clock = profile.PhaseTimer("cpu", enabled=True)
+    with pytest.raises(RuntimeError):
+        with clock.phase("collect"):
+            with clock.phase("env_step"), clock.phase("env_step"):
+                pass
+            raise RuntimeError("timed even so")
+    # collect spans ticks 0 to 3 around the inner phase; env_step ticks 1 to 2, its nested repeat untimed.
+    assert clock.seconds["collect"] == 3.0 and clock.seconds["env_step"] == 1.0
+    clock.enabled = False
+    before = next(ticks)
+    with clock.phase("update"):
+        pass
+    assert next(ticks) == before + 1 and clock.seconds["update"] == 0.0
 
 
 def test_unknown_workload_is_one_line_naming_the_allowed(capsys):

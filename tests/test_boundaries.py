@@ -14,13 +14,14 @@ import torch
 from gae_reference import forward_reference
 
 import phalanx
-from phalanx.algo import PPOBatch, compute_gae, ppo_update
+from phalanx.algo import PPOBatch, PPOParams, compute_gae, ppo_update
 from phalanx.config import resolve
+from phalanx.distributed import Dist
 from phalanx.envs import registry
 from phalanx.envs.spaces import Discrete
 from phalanx.errors import ConfigError
 from phalanx.models.mlp import MLPActorCritic
-from phalanx.train import Trainer
+from phalanx.trainer import Trainer
 
 F64 = torch.float64
 QUIET = dict(progress=False, tensorboard=False)
@@ -85,9 +86,9 @@ def test_trial_end_bootstraps_from_next_trial_on_every_branch(tmp_path, model):
     for whole_batch in (False, True):
         trainer = _trial_nav_trainer(tmp_path, model, f"{model}-{whole_batch}")
         try:
-            trainer.final_values_whole_batch = whole_batch
+            trainer.rollout.final_values_whole_batch = whole_batch
             trainer.collect()
-            out[whole_batch] = {k: trainer.buf[k].clone() for k in ("next_values", "values", "trial_end", "terminated",
+            out[whole_batch] = {k: trainer.rollout.buf[k].clone() for k in ("next_values", "values", "trial_end", "terminated",
                                                                      "truncated")}
         finally:
             trainer.close()
@@ -156,8 +157,8 @@ def test_minibatch_remainder_is_spread_not_dropped():
         return lp, ent, model.value(part.critic_obs)
 
     params = list(model.parameters())
-    ppo_update(evaluate, params, torch.optim.Adam(params), batch, num_epochs=3, num_minibatches=M, clip_coef=0.2,
-               vf_coef=0.5, ent_coef=0.0, max_grad_norm=0.5, generator=torch.Generator().manual_seed(1))
+    ppo_update(evaluate, params, torch.optim.Adam(params), batch, PPOParams(num_epochs=3, num_minibatches=M),
+               generator=torch.Generator().manual_seed(1))
     assert len(seen) == 3 * M
     assert sorted(len(s) for s in seen[:M]) == [6, 6, 7, 7]
     for e in range(3):
@@ -218,19 +219,19 @@ def test_config_error_leaves_no_run_dir_and_no_lock(tmp_path):
 
 def test_lock_released_when_building_the_run_fails_after_taking_it(tmp_path, monkeypatch):
     run = tmp_path / "r"
-    run.mkdir()
     calls = {"n": 0}
-    real = Trainer._alloc_buffers
+    real = Dist.barrier
 
-    def fail_once(self):
+    def fail_once(self):  # the barrier right after the lock is taken
         calls["n"] += 1
         if calls["n"] == 1:
-            raise ConfigError("config key 'num_envs' is too large for this device (simulated)")
+            raise RuntimeError("a rank went away (simulated)")
         return real(self)
 
-    monkeypatch.setattr(Trainer, "_alloc_buffers", fail_once)
-    with pytest.raises(ConfigError, match="simulated"):
+    monkeypatch.setattr(Dist, "barrier", fail_once)
+    with pytest.raises(RuntimeError, match="simulated"):
         phalanx.train(env="cartpole", total_steps=64, num_envs=2, num_steps=8, run_dir=run, **QUIET)
+    assert (run / ".lock").exists()  # it was taken
     result = phalanx.train(env="cartpole", total_steps=64, num_envs=2, num_steps=8, run_dir=run, **QUIET)
     assert result.run_dir == run
 

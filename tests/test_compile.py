@@ -6,7 +6,7 @@ import torch
 import phalanx
 from phalanx.config import resolve
 from phalanx.errors import ConfigError
-from phalanx.train import Trainer
+from phalanx.trainer import Trainer
 
 CFG = dict(env="cartpole", total_steps=512 * 4, num_envs=8, num_steps=64, num_minibatches=2, progress=False,
            tensorboard=False, seed=3)

@@ -12,7 +12,7 @@ import phalanx
 from phalanx.cli import main
 from phalanx.config import FIELDS, resolve
 from phalanx.errors import CheckpointError, NonFiniteEnvError, PhalanxError
-from phalanx.train import Trainer
+from phalanx.trainer import Trainer
 
 SMALL = dict(env="cartpole", num_envs=4, num_steps=16, num_minibatches=2, num_epochs=1, progress=False, tensorboard=False)
 

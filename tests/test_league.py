@@ -17,8 +17,8 @@ from phalanx.envs import make  # noqa: E402
 from phalanx.errors import ConfigError  # noqa: E402
 from phalanx.league import LEAGUE_FILE, League, Ratings, parse_mix, wilson_interval  # noqa: E402
 from phalanx.league.ratings import DRAW, LEARNER, LOSS, WIN  # noqa: E402
+from phalanx.models.registry import build_model  # noqa: E402
 from phalanx.policy import Policy  # noqa: E402
-from phalanx.train import build_model  # noqa: E402
 
 RPS = dict(env="test_rps", num_envs=8, num_steps=16, num_epochs=2, num_minibatches=2, progress=False, tensorboard=False)
 
@@ -187,7 +187,7 @@ def test_league_needs_two_sides_and_excludes_teammates(tmp_path):
 def test_update_leaves_out_opponent_slots_and_is_unchanged_by_it(tmp_path, kw):
     import copy
 
-    from phalanx.train import Trainer
+    from phalanx.trainer import Trainer
 
     tr = Trainer(resolve(dict(RPS, run_dir=str(tmp_path / "r"), **kw)))
     assert tr.update_slots.tolist() == [0]  # the learner's side only
@@ -209,7 +209,7 @@ def test_update_leaves_out_opponent_slots_and_is_unchanged_by_it(tmp_path, kw):
 
 
 def test_update_keeps_every_slot_for_slot_aware_models(tmp_path):
-    from phalanx.train import Trainer
+    from phalanx.trainer import Trainer
 
     for kw in (dict(param_sharing="shared_id"), dict(param_sharing="per_role")):
         tr = Trainer(resolve(dict(RPS, run_dir=str(tmp_path / kw["param_sharing"]), opponents="rock:1", **kw)))

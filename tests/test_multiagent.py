@@ -9,7 +9,7 @@ import phalanx
 from phalanx.config import resolve
 from phalanx.envs import Box, Discrete, EnvSpec, StepRecord, VecEnv, register
 from phalanx.envs.base import generator_state, set_generator_state
-from phalanx.train import Trainer
+from phalanx.trainer import Trainer
 
 
 class TinyTeamEnv(VecEnv):
@@ -85,11 +85,11 @@ def make_trainer(tmp_path, **kw):
 def test_inactive_steps_change_nothing_in_the_update(tmp_path):
     tr = make_trainer(tmp_path, norm_value=True, critic="mappo")
     tr.collect()
-    inactive = ~tr.buf["active"]
-    assert inactive.any() and tr.buf["active"].any()
+    inactive = ~tr.rollout.buf["active"]
+    assert inactive.any() and tr.rollout.buf["active"].any()
     model0, opt0, norms0, gen0 = (copy.deepcopy(tr.model.state_dict()), copy.deepcopy(tr.optimizer.state_dict()),
                                   copy.deepcopy(tr.norms.state_dict()), tr.gen.get_state())
-    buf0 = {k: v.clone() for k, v in tr.buf.items()}
+    buf0 = {k: v.clone() for k, v in tr.rollout.buf.items()}
     tr.update()
     after_a = {k: v.clone() for k, v in tr.model.state_dict().items()}
     # Rewind, scramble everything recorded at inactive steps, update again.
@@ -97,14 +97,14 @@ def test_inactive_steps_change_nothing_in_the_update(tmp_path):
     tr.optimizer.load_state_dict(opt0)
     tr.norms.load_state_dict(norms0)
     tr.gen.set_state(gen0)
-    tr.buf = {k: v.clone() for k, v in buf0.items()}
+    tr.rollout.buf = {k: v.clone() for k, v in buf0.items()}
     g = torch.Generator().manual_seed(9)
     m = inactive
-    tr.buf["obs"][m] = torch.randn(int(m.sum()), 4, generator=g) * 100
-    tr.buf["rewards"][m] = torch.randn(int(m.sum()), generator=g) * 1e6
-    tr.buf["actions"][m] = torch.randint(0, 3, (int(m.sum()),), generator=g)
-    tr.buf["logprobs"][m] = torch.randn(int(m.sum()), generator=g) * 50
-    tr.buf["values"][m] = torch.randn(int(m.sum()), generator=g) * 1e3
+    tr.rollout.buf["obs"][m] = torch.randn(int(m.sum()), 4, generator=g) * 100
+    tr.rollout.buf["rewards"][m] = torch.randn(int(m.sum()), generator=g) * 1e6
+    tr.rollout.buf["actions"][m] = torch.randint(0, 3, (int(m.sum()),), generator=g)
+    tr.rollout.buf["logprobs"][m] = torch.randn(int(m.sum()), generator=g) * 50
+    tr.rollout.buf["values"][m] = torch.randn(int(m.sum()), generator=g) * 1e3
     tr.update()
     for k, v in tr.model.state_dict().items():
         assert torch.allclose(v, after_a[k], atol=1e-6, rtol=0), k
@@ -115,14 +115,14 @@ def test_scrambling_active_steps_does_change_the_update(tmp_path):
     tr = make_trainer(tmp_path)
     tr.collect()
     model0, opt0, gen0 = copy.deepcopy(tr.model.state_dict()), copy.deepcopy(tr.optimizer.state_dict()), tr.gen.get_state()
-    buf0 = {k: v.clone() for k, v in tr.buf.items()}
+    buf0 = {k: v.clone() for k, v in tr.rollout.buf.items()}
     tr.update()
     after_a = {k: v.clone() for k, v in tr.model.state_dict().items()}
     tr.model.load_state_dict(model0)
     tr.optimizer.load_state_dict(opt0)
     tr.gen.set_state(gen0)
-    tr.buf = buf0
-    tr.buf["rewards"][tr.buf["active"]] += 5.0 * torch.randn(int(tr.buf["active"].sum()))
+    tr.rollout.buf = buf0
+    tr.rollout.buf["rewards"][tr.rollout.buf["active"]] += 5.0 * torch.randn(int(tr.rollout.buf["active"].sum()))
     tr.update()
     assert any(not torch.allclose(v, after_a[k]) for k, v in tr.model.state_dict().items())
     tr.close()
@@ -174,8 +174,8 @@ def test_teammates_are_not_trained_or_counted(tmp_path):
     tr = make_trainer(tmp_path, teammates="zero")
     assert tr.learner.tolist() == [True, True, False]
     tr.collect()
-    assert not tr.buf["active"][..., 2].any()
-    assert (tr.buf["actions"][..., 2] == 0).all()
+    assert not tr.rollout.buf["active"][..., 2].any()
+    assert (tr.rollout.buf["actions"][..., 2] == 0).all()
     tr.close()
     with pytest.raises(phalanx.errors.ConfigError, match="unknown policy 'hero'; allowed: zero"):
         make_trainer(tmp_path / "x", teammates="hero")
@@ -198,7 +198,7 @@ def test_frozen_checkpoint_teammate_plays_but_does_not_learn(tmp_path):
     before = {k: v.clone() for k, v in frozen.model.state_dict().items()}
     tr.collect()
     tr.update()
-    assert not tr.buf["active"][..., 2].any() and tr.buf["active"][..., :2].any()
+    assert not tr.rollout.buf["active"][..., 2].any() and tr.rollout.buf["active"][..., :2].any()
     for k, v in frozen.model.state_dict().items():
         assert torch.equal(v, before[k]), k
     tr.close()
@@ -211,7 +211,7 @@ def test_memory_policy_training_forward_reproduces_the_rollout(tmp_path, model):
                           "tf_horizon": 8, "progress": False, "tensorboard": False}), run_dir=tmp_path / "r")
     tr.collect()
     tr.collect()  # the second rollout starts mid-episode, from stored memory, and crosses episode starts
-    b = tr.buf
+    b = tr.rollout.buf
     assert b["resets"].any() and (~b["env_active"]).any(), "segments must contain episode starts and parked slots"
     # Memory resets exactly after terminated/truncated steps, never after a trial end alone.
     ended = b["terminated"] | b["truncated"]
@@ -219,7 +219,7 @@ def test_memory_policy_training_forward_reproduces_the_rollout(tmp_path, model):
     assert (b["trial_end"] & ~ended).any(), "trial ends inside an episode must occur (and keep memory)"
     seg = lambda x: x.permute(1, 2, 0, *range(3, x.dim()))  # noqa: E731
     with torch.no_grad():
-        logp, _, value = tr.model.evaluate_seq(seg(b["obs"]), seg(b["actions"]), tr.segment_start, seg(b["resets"]), seg(b["env_active"]))
+        logp, _, value = tr.model.evaluate_seq(seg(b["obs"]), seg(b["actions"]), tr.rollout.segment_start, seg(b["resets"]), seg(b["env_active"]))
     act = seg(b["env_active"])
     assert torch.allclose(logp[act], seg(b["logprobs"])[act], atol=1e-5)
     assert torch.allclose(value[act], seg(b["values"])[act], atol=1e-4)

@@ -10,7 +10,8 @@ from phalanx import runs
 from phalanx.cli import main
 from phalanx.config import resolve
 from phalanx.errors import ConfigError
-from phalanx.train import Trainer
+from phalanx.rollout import buffer_bytes, buffer_specs
+from phalanx.trainer import Trainer
 
 TINY = dict(env="pixel_goal", num_envs=4, num_steps=8, num_epochs=1, num_minibatches=2, cnn_channels=[4, 8, 8],
             cnn_dense=32, progress=False, tensorboard=False)
@@ -19,11 +20,11 @@ TINY = dict(env="pixel_goal", num_envs=4, num_steps=8, num_epochs=1, num_minibat
 def test_uint8_buffers_and_memory_estimate(tmp_path):
     t = Trainer(resolve(dict(TINY, run_dir=str(tmp_path / "r"))))
     try:
-        obs = t.buf["obs"]
+        obs = t.rollout.buf["obs"]
         assert obs.dtype == torch.uint8 and obs.shape == (8, 4, 1, 4, 72, 80)
-        assert t.buffer_bytes() == sum(b.numel() * b.element_size() for b in t.buf.values())
+        assert buffer_bytes(buffer_specs(t.cfg, t.env, t.model)) == sum(b.numel() * b.element_size() for b in t.rollout.buf.values())
         stats = t.collect()
-        assert t.buf["obs"].dtype == torch.uint8 and int(t.buf["obs"].max()) <= 3 and int(t.buf["obs"].max()) > 0
+        assert t.rollout.buf["obs"].dtype == torch.uint8 and int(t.rollout.buf["obs"].max()) <= 3 and int(t.rollout.buf["obs"].max()) > 0
         assert torch.isfinite(stats["ep_return_sum"])
         before = [p.detach().clone() for p in t.model.parameters()]
         metrics = t.update()

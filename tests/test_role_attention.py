@@ -8,11 +8,12 @@ import torch
 from phalanx.config import resolve
 from phalanx.envs.spaces import Box, Discrete, MultiDiscrete
 from phalanx.models.mlp import MLPActorCritic
+from phalanx.models.registry import obs_dim_of, state_dim_of
 from phalanx.models.role_attention import RoleAttentionActorCritic, role_attention_weights
 
 S, R, C = 0, 1, 2  # sensor, relay, cluster head (pooled with the sensors by default)
 FLOOR = 0.05
-train_mod = importlib.import_module("phalanx.train")  # `phalanx.train` the attribute is the train() function
+train_mod = importlib.import_module("phalanx.trainer")
 
 
 def weights(scores, roles, mask=None, **kw):
@@ -268,9 +269,9 @@ def test_parameter_count_default():
 
 def test_drop_in_for_the_trainer(tmp_path, monkeypatch):
     def build(cfg, env):
-        return RoleAttentionActorCritic(train_mod.obs_dim_of(env), env.action_space, roles=torch.tensor([S, R, S]),
+        return RoleAttentionActorCritic(obs_dim_of(env), env.action_space, roles=torch.tensor([S, R, S]),
                                         num_roles=2, width=16, hidden_sizes=(16,),
-                                        state_dim=train_mod.state_dim_of(env) if cfg.critic == "mappo" else None)
+                                        state_dim=state_dim_of(env) if cfg.critic == "mappo" else None)
 
     monkeypatch.setattr(train_mod, "build_model", build)
     for critic in ("ippo", "mappo"):

@@ -230,7 +230,7 @@ def test_nonfinite_env_rewards_stop_with_snapshot(tmp_path):
 
 def test_nonfinite_loss_stops_with_snapshot(tmp_path):
     from phalanx.config import resolve
-    from phalanx.train import Trainer
+    from phalanx.trainer import Trainer
 
     run = tmp_path / "r"
     t = Trainer(resolve(dict(env="cartpole", total_steps=128 * 6, checkpoint_every=128, run_dir=str(run), **SMALL)))
@@ -321,7 +321,7 @@ def test_trains_on_a_gymnasium_env_through_the_adapter(tmp_path):
 @pytest.mark.parametrize("model", ["mlp", "lstm"])
 def test_bf16_autocast_trains_with_float32_buffers_and_losses(tmp_path, model):
     from phalanx.config import resolve
-    from phalanx.train import Trainer
+    from phalanx.trainer import Trainer
 
     runs_ = {}
     for precision in ("fp32", "bf16"):
@@ -330,7 +330,7 @@ def test_bf16_autocast_trains_with_float32_buffers_and_losses(tmp_path, model):
         try:
             before = [p.detach().clone() for p in t.model.parameters()]
             result = t.train()
-            assert t.buf["logprobs"].dtype == t.buf["values"].dtype == torch.float32
+            assert t.rollout.buf["logprobs"].dtype == t.rollout.buf["values"].dtype == torch.float32
             assert all(p.dtype == torch.float32 and torch.isfinite(p).all() for p in t.model.parameters())
             assert any(not torch.equal(a, b) for a, b in zip(before, t.model.parameters()))
             runs_[precision] = result.history[0]["loss"]

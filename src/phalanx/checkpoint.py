@@ -18,7 +18,9 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
+from torch import nn
 
+from phalanx.config import Config, resolve
 from phalanx.errors import CheckpointError
 
 FORMAT_VERSION = 1
@@ -157,3 +159,43 @@ def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, torc
         except (SafetensorError, OSError, ValueError) as e:
             raise CheckpointError(f"checkpoint file '{f}' is not a valid safetensors file: {e}") from None
     return out[0], out[1], meta
+
+
+def section(tensors: dict[str, torch.Tensor], prefix: str, device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
+    """The entries saved under `prefix.` (e.g. "norms", "optim.3", "model"), keyed without it."""
+    head = prefix + "."
+    return {k[len(head):]: (v if device is None else v.to(device)) for k, v in tensors.items() if k.startswith(head)}
+
+
+def load_weights(model: nn.Module, tensors: dict[str, torch.Tensor], source: str | Path) -> None:
+    """Load a state dict into `model`, or one line naming `source` and the first mismatch."""
+    dev = next(model.parameters()).device
+    try:
+        model.load_state_dict({k: v.to(dev) for k, v in tensors.items()})
+    except RuntimeError as e:
+        raise CheckpointError(f"{source} does not fit this model: {str(e).splitlines()[0]}") from None
+
+
+def check_compatible(path: Path, meta: dict[str, Any], cfg: Config, model: nn.Module) -> None:
+    """A checkpoint from another env or another model shape is refused, naming the mismatch."""
+    saved = meta.get("config", {})
+    if meta.get("env") != cfg.env:
+        raise CheckpointError(f"checkpoint '{path}' is for env '{meta.get('env')}', not '{cfg.env}'")
+    shapes = meta.get("model_shapes", {})
+    for k, v in model.state_dict().items():
+        if k not in shapes:
+            raise CheckpointError(f"checkpoint '{path}' lacks parameter '{k}' (model '{saved.get('model')}' {saved.get('hidden_sizes')})")
+        if list(v.shape) != shapes[k]:
+            raise CheckpointError(f"checkpoint '{path}' parameter '{k}' has shape {shapes[k]}, the model expects {list(v.shape)}")
+
+
+def load_run_config(run_dir: Path) -> Config:
+    """The resolved config a run directory was trained with."""
+    path = Path(run_dir) / "config.json"
+    if not path.is_file():
+        raise CheckpointError(f"'{run_dir}' is not a run directory (no config.json)")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"run file '{path}' is not valid JSON: {e}") from None
+    return resolve(data)

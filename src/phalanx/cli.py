@@ -8,10 +8,20 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any
 
-from phalanx.errors import PhalanxError
+from phalanx import checkpoint as ckpt
+from phalanx.config import FIELDS, describe_keys, load_file
+from phalanx.envs import make, registered, registry
+from phalanx.errors import CheckpointError, PhalanxError
+from phalanx.evaluate import evaluate_policy
+from phalanx.league import LEAGUE_FILE, Ratings, load_snapshot
+from phalanx.plot import plot_run
+from phalanx.policy import load
+from phalanx.record import record_episode
+from phalanx.trainer import train
 
 
 class _Parser(argparse.ArgumentParser):
@@ -21,8 +31,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _train_parser(sub: Any) -> argparse.ArgumentParser:
-    from phalanx.config import describe_keys
-
     p = sub.add_parser(
         "train", help="train a policy", description="Train a policy with PPO. Every config key below is also a --key value option.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -61,10 +69,6 @@ def _parse_env_options(extra: list[str]) -> dict[str, str]:
 
 
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
-    from phalanx.config import FIELDS, load_file
-    from phalanx.envs import registry
-    from phalanx.train import train
-
     overrides = {k: v for k, v in vars(args).items() if k in FIELDS and v is not None}
     env_opts = _parse_env_options(extra)
     layers: dict[str, Any] = load_file(args.config) if args.config else {}
@@ -86,7 +90,6 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     m = result.metrics
     print(f"run directory:  {result.run_dir}")
     print(f"tensorboard:    tensorboard --logdir {result.run_dir / 'tb'}")
-    from phalanx.plot import plot_run
 
     png = plot_run(result.run_dir)
     print(f"learning curve: {png}")
@@ -98,10 +101,6 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def cmd_eval(args: argparse.Namespace, extra: list[str] | None = None) -> int:
-    from phalanx.envs import registry
-    from phalanx.evaluate import evaluate_policy
-    from phalanx.policy import load
-
     policy = load(args.run_dir, device=args.device)
     cfg = policy.config
     # Env options given here (e.g. --approach-weight 0: the reward without a training-only term) override the run's.
@@ -110,8 +109,6 @@ def cmd_eval(args: argparse.Namespace, extra: list[str] | None = None) -> int:
         cfg = dataclasses.replace(cfg, env_options={**cfg.env_options, **overrides})
     common = dict(env_options=cfg.env_options, episodes=args.episodes, seed=args.seed, device=policy.device)
     if args.record:
-        from phalanx.record import record_episode
-
         opponent = None
         if cfg.opponents:  # a league run: the first --vs opponent, else the env's first scripted one
             names = [v.strip() for v in (args.vs or "").split(",") if v.strip()]
@@ -165,9 +162,6 @@ def _col_width(head: str) -> int:
 
 def _eval_head_to_head(args: argparse.Namespace, policy: Any, common: dict[str, Any]) -> int:
     """A league run: the learner against each --vs opponent; the games also update the ratings."""
-    from phalanx import checkpoint as ckpt
-    from phalanx.evaluate import evaluate_policy
-    from phalanx.league import LEAGUE_FILE, Ratings, load_snapshot
 
     cfg, run_dir = policy.config, Path(args.run_dir)
     league_path = run_dir / LEAGUE_FILE
@@ -210,10 +204,6 @@ def _eval_head_to_head(args: argparse.Namespace, policy: Any, common: dict[str, 
 
 
 def cmd_league(args: argparse.Namespace) -> int:
-    from phalanx import checkpoint as ckpt
-    from phalanx.errors import CheckpointError
-    from phalanx.league import LEAGUE_FILE, Ratings
-
     run_dir = Path(args.run_dir)
     path = run_dir / LEAGUE_FILE
     try:
@@ -247,15 +237,11 @@ def cmd_league(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from phalanx.plot import plot_run
-
     print(plot_run(Path(args.run_dir), Path(args.out) if args.out else None))
     return 0
 
 
 def cmd_envs(args: argparse.Namespace) -> int:
-    from phalanx.envs import make, registered
-
     rows = []
     for name, s in sorted(registered().items()):
         env = make(name, num_envs=1)
@@ -283,10 +269,13 @@ def cmd_envs(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
-    from phalanx.bench import main as bench_main
+COMMAND_GROUP = "phalanx.commands"
 
-    return bench_main(args.bench_args)
+
+def plugin_commands() -> dict[str, EntryPoint]:
+    """Subcommands other packages add through the `phalanx.commands` entry-point group (name ->
+    `main(argv) -> exit status`); `phalanx bench` is one, from the phalanx_bench package."""
+    return {ep.name: ep for ep in entry_points(group=COMMAND_GROUP)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -316,14 +305,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     pp.add_argument("--out", help="output PNG (default RUN_DIR/plots/learning_curve.png)")
     pn = sub.add_parser("envs", help="list environments, spaces and options")
     pn.add_argument("--json", action="store_true")
-    pb = sub.add_parser("bench", help="benchmarks (see `phalanx bench --help`)", add_help=False)
-    pb.add_argument("bench_args", nargs=argparse.REMAINDER)
+    plugins = plugin_commands()
+    for name, ep in plugins.items():
+        sub.add_parser(name, help=f"from {ep.value.split(':')[0]} (see `phalanx {name} --help`)", add_help=False)
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["bench"]:
-        # The bench has its own parser; hand it everything after the word.
+    if argv[:1] and argv[0] in plugins:
+        # A plugin command has its own parser; hand it everything after the word.
         try:
-            return cmd_bench(argparse.Namespace(bench_args=argv[1:]))
+            return plugins[argv[0]].load()(argv[1:])
         except PhalanxError as e:
             print(f"phalanx: error: {e}", file=sys.stderr)
             return 2
@@ -344,8 +334,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_plot(args)
         if args.command == "envs":
             return cmd_envs(args)
-        if args.command == "bench":
-            return cmd_bench(args)
     except PhalanxError as e:
         print(f"phalanx: error: {e}", file=sys.stderr)
         return 2

@@ -14,8 +14,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from phalanx.coerce import coerce
+from phalanx.envs import registry
 from phalanx.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 
 def _f(default: Any, help: str, *, min: float | None = None, choices: tuple | None = None, positive: bool = False):
@@ -160,14 +168,8 @@ def load_file(path: str | Path) -> dict[str, Any]:
     text = p.read_text()
     try:
         if p.suffix == ".toml":
-            if sys.version_info >= (3, 11):
-                import tomllib
-            else:  # pragma: no cover
-                import tomli as tomllib
             data = tomllib.loads(text)
         elif p.suffix in (".yaml", ".yml"):
-            import yaml
-
             data = yaml.safe_load(text) or {}
         elif p.suffix == ".json":
             data = json.loads(text)
@@ -185,8 +187,6 @@ def load_file(path: str | Path) -> dict[str, Any]:
 
 def resolve(*layers: dict[str, Any] | None) -> Config:
     """Merge override mappings (later wins) over the defaults, validating every key."""
-    from phalanx.envs import registry
-
     merged: dict[str, Any] = {}
     env_opts: dict[str, Any] = {}
     for layer in layers:

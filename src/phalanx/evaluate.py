@@ -8,12 +8,21 @@ from typing import Any
 import torch
 
 from phalanx.envs import make
-from phalanx.envs.base import VecEnv
+from phalanx.envs.base import StepRecord, VecEnv
+from phalanx.envs.spaces import Box, Discrete, MultiDiscrete
+from phalanx.episodes import EpisodeCounters
+from phalanx.errors import ConfigError
+from phalanx.league import learner_outcome
+from phalanx.league.ratings import DRAW, LOSS, WIN, wilson_interval
+from phalanx.policy import Policy
+from phalanx.slots import Teammates, fill_slots, opponent_slots, parse_teammates
+
+Player = Policy | str | None  # a trained policy, a scripted policy's name, or random play (None or "random")
 
 
 @torch.no_grad()
 def evaluate_policy(
-    policy: Any,
+    policy: Player,
     env_name: str,
     env_options: dict[str, Any] | None = None,
     episodes: int = 20,
@@ -23,7 +32,7 @@ def evaluate_policy(
     num_envs: int | None = None,
     max_steps: int = 1_000_000,
     teammates: str = "",
-    opponent: Any = None,
+    opponent: Player = None,
 ) -> dict[str, Any]:
     """Play `episodes` complete episodes.
 
@@ -39,37 +48,26 @@ def evaluate_policy(
     n = num_envs or min(episodes, 64)
     env = make(env_name, num_envs=n, device=device, seed=seed, **(env_options or {}))
     if isinstance(policy, str) and policy not in env.scripted_names:
-        from phalanx.errors import ConfigError
-
         allowed = ", ".join(("random",) + tuple(x for x in env.scripted_names if x != "random"))
         raise ConfigError(f"unknown opponent/team '{policy}' for env '{env_name}'; allowed: {allowed}")
     mates = None
     side = None
     if opponent is not None:
-        from phalanx.league import opponent_slots
-
         side = opponent_slots(env.num_agents, env.device)
         if isinstance(opponent, str) and opponent != "random" and opponent not in env.scripted_names:
-            from phalanx.errors import ConfigError
-
             raise ConfigError(f"unknown opponent '{opponent}' for env '{env_name}'; allowed: random, "
                               f"{', '.join(env.scripted_names)}, snapshot:LATEST or snapshot:NAME")
-        if getattr(opponent, "recurrent", False):
+        if isinstance(opponent, Policy) and opponent.recurrent:
             opponent.reset_memory()
     if teammates and not isinstance(policy, str):
-        from phalanx.train import Teammates, parse_teammates
-
         mates = Teammates(parse_teammates(teammates, env), env, env.device)
     gen = torch.Generator(device=env.device)
     gen.manual_seed(seed)
     rec = env.reset(seed=seed)
-    recurrent = getattr(policy, "recurrent", False)
-    if recurrent:
+    if isinstance(policy, Policy) and policy.recurrent:
         policy.reset_memory()
     prev_done = torch.zeros(n, env.num_agents, dtype=torch.bool, device=env.device)
-    team_ret = torch.zeros(n, device=env.device)
-    slot_ret = torch.zeros(n, env.num_agents, device=env.device)
-    ep_len = torch.zeros(n, device=env.device)
+    counters = EpisodeCounters(n, env.num_agents, env.device)
     rows: list[dict[str, float]] = []
     # Each env contributes its first episodes in order, so the sample is not biased toward short ones.
     quota = -(-episodes // n)
@@ -77,38 +75,32 @@ def evaluate_policy(
     steps = 0
     while len(rows) < episodes and steps < max_steps:
         actions = play(policy, env, rec, gen, prev_done, greedy)
-        if mates is not None and not isinstance(policy, str) and policy is not None:
+        if mates is not None and isinstance(policy, Policy):
             actions = mates.fill(actions, rec, gen)
         if side is not None:
-            other = play(opponent, env, rec, gen, prev_done, greedy=False)
-            actions = torch.where(side.reshape(1, -1, *([1] * (actions.dim() - 2))), other.to(actions.dtype), actions)
+            actions = fill_slots(actions, side, play(opponent, env, rec, gen, prev_done, greedy=False))
         prev_active = rec.active
         rec = env.step(actions)
         prev_done = rec.terminated | rec.truncated
         steps += 1
-        team_ret += (rec.reward * prev_active).sum(-1)
-        slot_ret += rec.reward * prev_active
-        ep_len += 1
-        env_done = ((rec.terminated | rec.truncated) | ~prev_active).all(-1)
+        env_done = counters.step(rec.reward, prev_done, prev_active)
         if bool(env_done.any()):
             info = {k: _side_mean(v.float().reshape(n, -1), side).tolist() for k, v in rec.info.items()}
+            slot_ret = counters.slot_return
             if side is not None:
-                from phalanx.league.league import learner_outcome
-
                 sides = torch.stack([(slot_ret * ~side).sum(-1), (slot_ret * side).sum(-1)], -1)
                 outcome = learner_outcome(rec.info, sides).tolist()
             for i in env_done.nonzero().flatten().tolist():
                 if taken[i] < quota and len(rows) < episodes:
-                    row = {"return": float(team_ret[i]), "length": float(ep_len[i])}
+                    row = {"return": float(counters.team_return[i]), "length": float(counters.env_length[i])}
                     if side is not None:
                         row["return"] = float((slot_ret[i] * ~side).sum())
                         row["outcome"] = outcome[i]
                     row.update({k: v[i] for k, v in info.items()})
                     rows.append(row)
                     taken[i] += 1
-            team_ret.masked_fill_(env_done, 0.0)
-            slot_ret.masked_fill_(env_done[:, None], 0.0)
-            ep_len.masked_fill_(env_done, 0.0)
+            counters.end_slots(env_done[:, None].expand(n, env.num_agents))
+            counters.end_envs(env_done)
     A = env.num_agents
     success_key = env.success_key
     env.close()
@@ -131,8 +123,6 @@ def evaluate_policy(
         if k not in ("return", "length", "outcome", success_key) and not k.startswith("episode_"):
             out[f"mean_{k}"] = statistics.fmean(r[k] for r in rows)
     if side is not None and rows:
-        from phalanx.league.ratings import DRAW, LOSS, WIN, wilson_interval
-
         w, d, lost = (sum(r["outcome"] == c for r in rows) for c in (WIN, DRAW, LOSS))
         out.update({"wins": w, "draws": d, "losses": lost, "win_rate": w / len(rows), "draw_rate": d / len(rows),
                     "loss_rate": lost / len(rows), "win_rate_ci95": list(wilson_interval(w, len(rows)))})
@@ -146,7 +136,7 @@ def _side_mean(v: torch.Tensor, side: torch.Tensor | None) -> torch.Tensor:
     return (v * ~side).sum(-1) / (~side).sum()
 
 
-def play(policy: Any, env: VecEnv, rec: Any, gen: torch.Generator, prev_done: torch.Tensor, greedy: bool) -> torch.Tensor:
+def play(policy: Player, env: VecEnv, rec: StepRecord, gen: torch.Generator, prev_done: torch.Tensor, greedy: bool) -> torch.Tensor:
     """Actions for every slot from a `Policy`, a scripted name, or random play (None or "random")."""
     if policy is None or policy == "random":
         return random_actions(env, gen)
@@ -157,8 +147,6 @@ def play(policy: Any, env: VecEnv, rec: Any, gen: torch.Generator, prev_done: to
 
 def random_actions(env: VecEnv, gen: torch.Generator) -> torch.Tensor:
     """Uniform random actions for every slot of a batched env."""
-    from phalanx.envs.spaces import Box, Discrete, MultiDiscrete
-
     space, shape = env.action_space, (env.num_envs, env.num_agents)
     if isinstance(space, Discrete):
         return torch.randint(0, space.n, shape, generator=gen, device=env.device)

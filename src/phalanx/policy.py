@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import torch
-from torch import nn
 
-from phalanx.algo import RunningMeanStd
+from phalanx import checkpoint as ckpt
+from phalanx.algo import Normalizers, RunningMeanStd
 from phalanx.config import Config
+from phalanx.envs import make
 from phalanx.envs.spaces import Space
+from phalanx.models.protocol import ActorCritic
+from phalanx.models.registry import build_model, obs_dim_of
+from phalanx.runs import resolve_device
 
 
 class Policy:
     """Wraps a trained model with the observation statistics it was trained under."""
 
-    def __init__(self, model: nn.Module, obs_rms: RunningMeanStd | None, config: Config, observation_space: Space, action_space: Space):
+    def __init__(self, model: ActorCritic, obs_rms: RunningMeanStd | None, config: Config, observation_space: Space, action_space: Space):
         self.model = model
         self.obs_rms = obs_rms
         self.config = config
@@ -25,7 +30,7 @@ class Policy:
 
     @property
     def recurrent(self) -> bool:
-        return getattr(self.model, "recurrent", False)
+        return self.model.recurrent
 
     def reset_memory(self) -> None:
         """Forget every slot's memory (the next `act` starts fresh episodes)."""
@@ -37,7 +42,7 @@ class Policy:
 
     def preprocess(self, obs: torch.Tensor) -> torch.Tensor:
         """[*batch, *obs_shape] -> normalised float features [*batch, obs_dim]."""
-        if getattr(self.model, "obs_is_image", False):
+        if self.model.obs_is_image:
             return obs.to(self.device)  # pixels as they are; the CNN scales them
         nd = len(self.observation_space.shape)
         x = obs.to(self.device).float()
@@ -75,29 +80,34 @@ class Policy:
 
 def load(run_dir: str | Path, device: str = "cpu", checkpoint: str | Path | None = None) -> Policy:
     """Load the policy of a run directory (its latest checkpoint, or `checkpoint`)."""
-    from phalanx import checkpoint as ckpt
-    from phalanx.envs import make
-    from phalanx.errors import CheckpointError
-    from phalanx.runs import resolve_device
-    from phalanx.train import Normalizers, build_model, check_compatible, load_run_config
-
-    cfg = load_run_config(Path(run_dir))
+    cfg = ckpt.load_run_config(Path(run_dir))
     dev = resolve_device(device)
     path = Path(checkpoint) if checkpoint else ckpt.latest_checkpoint(Path(run_dir))
     model_t, state_t, meta = ckpt.load_checkpoint(path)
     env = make(cfg.env, num_envs=1, device=dev, seed=0, **cfg.env_options)
     model = build_model(cfg, env).to(dev)
-    check_compatible(path, meta, cfg, model)
-    try:
-        model.load_state_dict(model_t)
-    except RuntimeError as e:
-        raise CheckpointError(f"checkpoint '{path}' does not fit this model: {str(e).splitlines()[0]}") from None
+    ckpt.check_compatible(path, meta, cfg, model)
+    ckpt.load_weights(model, model_t, f"checkpoint '{path}'")
     model.eval()
-    norms = Normalizers(cfg, int(torch.Size(env.observation_space.shape).numel()), 1, env.num_agents, dev)
-    norm_state = {k[6:]: v.to(dev) for k, v in state_t.items() if k.startswith("norms.")}
+    norms = Normalizers(obs_dim_of(env), 1, env.num_agents, norm_obs=cfg.norm_obs, norm_reward=cfg.norm_reward,
+                        norm_value=cfg.norm_value, gamma=cfg.gamma, obs_clip=cfg.obs_clip, device=dev)
     # Env-batch-shaped reward statistics do not matter for inference.
-    norm_state = {k: v for k, v in norm_state.items() if not k.startswith("reward.")}
+    norm_state = {k: v for k, v in ckpt.section(state_t, "norms", dev).items() if not k.startswith("reward.")}
     norms.load_state_dict(norm_state, strict=False)
     policy = Policy(model, norms.obs, cfg, env.observation_space, env.action_space)
     env.close()
     return policy
+
+
+def frozen_copy(policy: Policy, weights: dict[str, torch.Tensor], obs_stats: dict[str, torch.Tensor],
+                source: str | Path) -> Policy:
+    """A frozen `Policy` built like `policy`, with other weights and observation statistics (a
+    league snapshot)."""
+    model = copy.deepcopy(policy.model)
+    ckpt.load_weights(model, weights, source)
+    model.eval().requires_grad_(False)
+    rms = None
+    if policy.obs_rms is not None:
+        rms = copy.deepcopy(policy.obs_rms)
+        rms.load_state_dict({k: v.to(policy.device) for k, v in obs_stats.items()})
+    return Policy(model, rms, policy.config, policy.observation_space, policy.action_space)

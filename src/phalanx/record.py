@@ -10,16 +10,17 @@ import torch
 
 from phalanx.envs import make
 from phalanx.errors import PhalanxError
+from phalanx.evaluate import Player, play
+from phalanx.policy import Policy
+from phalanx.slots import fill_slots, opponent_slots
 
 
 @torch.no_grad()
-def record_episode(policy: Any, env_name: str, path: str | Path, env_options: dict[str, Any] | None = None,
+def record_episode(policy: Player, env_name: str, path: str | Path, env_options: dict[str, Any] | None = None,
                    greedy: bool = True, seed: int = 12345, max_steps: int = 3000, fps: int = 15,
-                   opponent: Any = None, device: str | torch.device = "cpu") -> dict[str, Any]:
+                   opponent: Player = None, device: str | torch.device = "cpu") -> dict[str, Any]:
     """Play env 0's first episode with `policy` (a `Policy`, a scripted name, or None for random;
     `opponent` plays the opponent's side as in `evaluate_policy`) and write every frame to `path`."""
-    from phalanx.evaluate import play
-
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix not in (".gif", ".mp4"):
@@ -29,13 +30,11 @@ def record_episode(policy: Any, env_name: str, path: str | Path, env_options: di
         raise PhalanxError(f"env '{env_name}' cannot render, so it cannot be recorded")
     side = None
     if opponent is not None:
-        from phalanx.league import opponent_slots
-
         side = opponent_slots(env.num_agents, env.device)
     gen = torch.Generator(device=env.device)
     gen.manual_seed(seed)
     rec = env.reset(seed=seed)
-    if getattr(policy, "recurrent", False):
+    if isinstance(policy, Policy) and policy.recurrent:
         policy.reset_memory()
     frames = [env.render(0)]
     prev_done = torch.zeros(1, env.num_agents, dtype=torch.bool, device=env.device)
@@ -43,8 +42,7 @@ def record_episode(policy: Any, env_name: str, path: str | Path, env_options: di
     for step in range(max_steps):
         actions = play(policy, env, rec, gen, prev_done, greedy)
         if side is not None:
-            other = play(opponent, env, rec, gen, prev_done, greedy=False)
-            actions = torch.where(side.reshape(1, -1, *([1] * (actions.dim() - 2))), other.to(actions.dtype), actions)
+            actions = fill_slots(actions, side, play(opponent, env, rec, gen, prev_done, greedy=False))
         prev_active = rec.active
         rec = env.step(actions)
         total += float((rec.reward * prev_active).sum())

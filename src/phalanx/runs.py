@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from phalanx.errors import ConfigError, PhalanxError
+from phalanx.version import __version__
 
 
 def resolve_device(name: str) -> torch.device:
@@ -56,10 +57,8 @@ def git_revision() -> str | None:
 
 
 def manifest(device: torch.device, seed: int) -> dict[str, Any]:
-    import phalanx
-
     info: dict[str, Any] = {
-        "phalanx": phalanx.__version__,
+        "phalanx": __version__,
         "torch": torch.__version__,
         "python": platform.python_version(),
         "platform": platform.platform(),

@@ -1,10 +1,10 @@
 """The algorithm: advantage estimation, PPO losses and update, normalisers."""
 
 from phalanx.algo.gae import compute_gae
-from phalanx.algo.normalize import RewardScaler, RunningMeanStd
-from phalanx.algo.ppo import PPOBatch, explained_variance, masked_mean, ppo_losses, ppo_update
+from phalanx.algo.normalize import Normalizers, RewardScaler, RunningMeanStd
+from phalanx.algo.ppo import PPOBatch, PPOParams, explained_variance, masked_mean, ppo_losses, ppo_update
 
 __all__ = [
-    "PPOBatch", "RewardScaler", "RunningMeanStd", "compute_gae", "explained_variance",
+    "Normalizers", "PPOBatch", "PPOParams", "RewardScaler", "RunningMeanStd", "compute_gae", "explained_variance",
     "masked_mean", "ppo_losses", "ppo_update",
 ]

@@ -63,3 +63,16 @@ class RewardScaler(nn.Module):
         scaled = reward / torch.sqrt(self.stats.var.to(reward.dtype) + 1e-8)
         self.ret.masked_fill_(done, 0.0)
         return scaled.clamp(-clip, clip)
+
+
+class Normalizers(nn.Module):
+    """Observation, reward and value statistics of a run: all saved with checkpoints, the observation
+    statistics also used by its policy."""
+
+    def __init__(self, obs_dim: int, num_envs: int, num_agents: int, *, norm_obs: bool, norm_reward: bool,
+                 norm_value: bool, gamma: float, obs_clip: float, device: torch.device | str = "cpu"):
+        super().__init__()
+        self.obs = RunningMeanStd((obs_dim,), device=device) if norm_obs else None
+        self.reward = RewardScaler((num_envs, num_agents), gamma, device=device) if norm_reward else None
+        self.value = RunningMeanStd((), device=device) if norm_value else None
+        self.obs_clip = obs_clip

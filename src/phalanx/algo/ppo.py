@@ -8,10 +8,21 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-METRIC_NAMES = (
-    "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "value_clip_fraction", "loss", "grad_norm",
-    "explained_variance", "nonfinite", "epochs",
-)
+
+@dataclass(frozen=True)
+class PPOParams:
+    """The hyperparameters of one PPO update (config keys of the same names)."""
+
+    num_epochs: int = 4  # passes over the rollout
+    num_minibatches: int = 4  # minibatches per epoch; a remainder is spread, one row each, over the first ones
+    clip_coef: float = 0.2  # the policy ratio's clip
+    vf_coef: float = 0.5  # value loss weight
+    ent_coef: float = 0.0  # entropy bonus weight
+    max_grad_norm: float = 0.5  # global gradient norm clip
+    clip_vloss: bool = True  # clip the value loss around the values at collection
+    vf_clip_coef: float | None = None  # the value clip (None: clip_coef)
+    norm_adv: bool = True  # normalise advantages per minibatch
+    target_kl: float | None = None  # stop an update's epochs once approx-KL exceeds it (None: never)
 
 
 @dataclass
@@ -56,17 +67,14 @@ def ppo_losses(
     entropy: torch.Tensor,
     new_values: torch.Tensor,
     batch: PPOBatch,
-    clip_coef: float,
-    vf_coef: float,
-    ent_coef: float,
-    clip_vloss: bool = True,
-    vf_clip_coef: float | None = None,
-    norm_adv: bool = True,
+    hp: PPOParams,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The clipped surrogate, (optionally clipped) value loss and entropy bonus on one batch."""
+    """The clipped surrogate, (optionally clipped) value loss and entropy bonus on one batch; the
+    metrics are named by the terms they measure."""
+    clip_coef = hp.clip_coef
     m = batch.mask
     adv = batch.advantages
-    if norm_adv:
+    if hp.norm_adv:
         mean = masked_mean(adv, m)
         std = torch.sqrt(masked_mean((adv - mean) ** 2, m))
         adv = (adv - mean) / (std + 1e-8)
@@ -78,15 +86,15 @@ def ppo_losses(
     v_loss = (new_values - batch.returns) ** 2
     # Samples whose value gradient the clip zeroes (the clipped term is the larger and is clamped).
     v_clipped_out = torch.zeros_like(v_loss, dtype=torch.bool)
-    if clip_vloss:
-        vclip = clip_coef if vf_clip_coef is None else vf_clip_coef
+    if hp.clip_vloss:
+        vclip = clip_coef if hp.vf_clip_coef is None else hp.vf_clip_coef
         v_clipped = batch.values + (new_values - batch.values).clamp(-vclip, vclip)
         v_clipped_loss = (v_clipped - batch.returns) ** 2
         v_clipped_out = (v_clipped_loss > v_loss) & ((new_values - batch.values).abs() > vclip)
         v_loss = torch.maximum(v_loss, v_clipped_loss)
     value_loss = 0.5 * masked_mean(v_loss, m)
     ent = masked_mean(entropy, m)
-    loss = policy_loss - ent_coef * ent + vf_coef * value_loss
+    loss = policy_loss - hp.ent_coef * ent + hp.vf_coef * value_loss
     with torch.no_grad():
         approx_kl = masked_mean((ratio - 1) - log_ratio, m)
         clip_fraction = masked_mean(((ratio - 1).abs() > clip_coef).to(ratio.dtype), m)
@@ -113,61 +121,50 @@ def ppo_update(
     params: list[nn.Parameter],
     optimizer: torch.optim.Optimizer,
     batch: PPOBatch,
+    hp: PPOParams,
     *,
-    num_epochs: int,
-    num_minibatches: int,
-    clip_coef: float,
-    vf_coef: float,
-    ent_coef: float,
-    max_grad_norm: float,
-    clip_vloss: bool = True,
-    vf_clip_coef: float | None = None,
-    norm_adv: bool = True,
-    target_kl: float | None = None,
     generator: torch.Generator | None = None,
     sync_grads: Callable[[], None] | None = None,
     sync_mean: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Epochs of shuffled minibatch steps; returns mean metrics as 0-d tensors (no host sync
-    unless `target_kl` is set, which reads approx-KL once per epoch).
+    unless `hp.target_kl` is set, which reads approx-KL once per epoch).
 
     Data-parallel training passes `sync_grads` (average the gradients across processes before each
     step) and `sync_mean` (so every process takes the same early-stopping decision)."""
     size = len(batch)
-    parts = min(num_minibatches, size)
+    parts = min(hp.num_minibatches, size)
     device = batch.logprobs.device
-    sums = {k: torch.zeros((), device=device) for k in METRIC_NAMES}
+    sums: dict[str, torch.Tensor] = {}
+    nonfinite = torch.zeros((), device=device)
     steps = 0
     epochs_done = 0
-    for _ in range(num_epochs):
+    for _ in range(hp.num_epochs):
         perm = torch.randperm(size, generator=generator, device=device)
         kl_epoch = torch.zeros((), device=device)
         # Every sample in every epoch: a remainder is spread one row each over the first minibatches.
         for idx in perm.tensor_split(parts):
             part = batch.index(idx)
             new_logp, ent, new_v = evaluate(part)
-            loss, metrics = ppo_losses(
-                new_logp, ent, new_v, part, clip_coef, vf_coef, ent_coef, clip_vloss, vf_clip_coef, norm_adv
-            )
+            loss, metrics = ppo_losses(new_logp, ent, new_v, part, hp)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if sync_grads is not None:
                 sync_grads()
-            gn = nn.utils.clip_grad_norm_(params, max_grad_norm, foreach=True)
+            metrics["grad_norm"] = nn.utils.clip_grad_norm_(params, hp.max_grad_norm, foreach=True).detach()
             optimizer.step()
             for k, v in metrics.items():
-                sums[k] += v
-            sums["grad_norm"] += gn.detach()
-            sums["nonfinite"] += (~torch.isfinite(loss.detach())).float()
+                sums[k] = sums[k] + v if k in sums else v
+            nonfinite += (~torch.isfinite(loss.detach())).float()
             kl_epoch += metrics["approx_kl"]
             steps += 1
         epochs_done += 1
         if sync_mean is not None:
             kl_epoch = sync_mean(kl_epoch)
-        if target_kl is not None and float(kl_epoch / parts) > target_kl:
+        if hp.target_kl is not None and float(kl_epoch / parts) > hp.target_kl:
             break
     out = {k: v / max(steps, 1) for k, v in sums.items()}
-    out["nonfinite"] = sums["nonfinite"]
+    out["nonfinite"] = nonfinite
     out["epochs"] = torch.full((), epochs_done, dtype=torch.float32, device=device)
     out["explained_variance"] = explained_variance(batch.values, batch.returns, batch.mask)
     return out

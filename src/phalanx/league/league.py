@@ -26,8 +26,11 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from phalanx.checkpoint import section
 from phalanx.errors import CheckpointError, ConfigError
 from phalanx.league.ratings import DRAW, LEARNER, LOSS, WIN, Ratings
+from phalanx.policy import Policy, frozen_copy
+from phalanx.slots import fill_slots, opponent_slots
 
 SELF_PLAY = "self_play"
 SNAPSHOT_DIR = "league/snapshots"
@@ -59,7 +62,7 @@ def parse_mix(text: str, scripted: tuple[str, ...]) -> list[tuple[str, float]]:
 class Opponent:
     name: str
     kind: str  # "scripted" | "learner" | "snapshot"
-    policy: Any = None  # a phalanx.policy.Policy for learner / snapshots
+    policy: Policy | None = None  # learner / snapshots
     step: int = 0
     pinned: bool = False
     retired: bool = False  # out of the pool: no new games, kept until no env plays it
@@ -89,10 +92,8 @@ def save_snapshot(run_dir: Path, name: str, model: torch.nn.Module, obs_rms: Any
     return path
 
 
-def load_snapshot(run_dir: Path, name: str, learner_policy: Any) -> Any:
+def load_snapshot(run_dir: Path, name: str, learner_policy: Policy) -> Policy:
     """A frozen `Policy` with a snapshot's weights, built like the learner's policy."""
-    from phalanx.policy import Policy
-
     path = snapshot_path(run_dir, name)
     try:
         tensors = load_file(str(path))
@@ -100,25 +101,7 @@ def load_snapshot(run_dir: Path, name: str, learner_policy: Any) -> Any:
         raise CheckpointError(f"league snapshot '{path}' is missing") from None
     except Exception as e:  # safetensors raises several types for damaged files
         raise CheckpointError(f"league snapshot '{path}' is unreadable: {e}") from None
-    model = copy.deepcopy(learner_policy.model)
-    dev = next(model.parameters()).device
-    try:
-        model.load_state_dict({k[6:]: v.to(dev) for k, v in tensors.items() if k.startswith("model.")})
-    except RuntimeError as e:
-        raise CheckpointError(f"league snapshot '{path}' does not fit this model: {str(e).splitlines()[0]}") from None
-    model.eval().requires_grad_(False)
-    rms = None
-    if learner_policy.obs_rms is not None:
-        rms = copy.deepcopy(learner_policy.obs_rms)
-        rms.load_state_dict({k[8:]: v.to(dev) for k, v in tensors.items() if k.startswith("obs_rms.")})
-    return Policy(model, rms, learner_policy.config, learner_policy.observation_space, learner_policy.action_space)
-
-
-def opponent_slots(num_agents: int, device: torch.device) -> torch.Tensor:
-    """[A] bool: the opponent's side (the last A // 2 slots)."""
-    if num_agents < 2:
-        raise ConfigError("config key 'opponents' needs an env with at least 2 agent slots (one per side)")
-    return torch.arange(num_agents, device=device) >= num_agents - num_agents // 2
+    return frozen_copy(learner_policy, section(tensors, "model"), section(tensors, "obs_rms"), f"league snapshot '{path}'")
 
 
 def learner_outcome(info: dict[str, torch.Tensor], side_returns: torch.Tensor) -> torch.Tensor:
@@ -217,10 +200,9 @@ class League:
                 if rows is not None and rows.numel() == 0:
                     continue
                 if rows is None:
-                    other = o.policy.act(record.obs[:, side], greedy=False, generator=self.gen).to(actions.dtype)
-                    m = mine.reshape(self.N, *([1] * (actions.dim() - 1)))
+                    other = o.policy.act(record.obs[:, side], greedy=False, generator=self.gen)
                     actions = actions.clone()
-                    actions[:, side] = torch.where(m, other, actions[:, side])
+                    actions[:, side] = fill_slots(actions[:, side], mine[:, None].expand(self.N, len(side)), other)
                 else:
                     other = o.policy.act(record.obs[rows][:, side], greedy=False, generator=self.gen).to(actions.dtype)
                     actions = actions.index_put((rows[:, None], side[None, :]), other)
@@ -229,8 +211,7 @@ class League:
                 other = self.env.scripted_actions(o.name, record, self.gen)
             else:
                 other = o.policy.act(record.obs, greedy=False, generator=self.gen, reset=reset, active=record.active)
-            m = (self.slots[None, :] & mine[:, None]).reshape(self.N, -1, *([1] * (actions.dim() - 2)))
-            actions = torch.where(m, other.to(actions.dtype), actions)
+            actions = fill_slots(actions, self.slots[None, :] & mine[:, None], other)
         self.reset_next = torch.zeros_like(self.reset_next)
         return actions
 

@@ -99,6 +99,7 @@ class CNNActorCritic(nn.Module):
 
     obs_is_image = True
     recurrent = False
+    memory_critic = False
 
     def __init__(
         self,
@@ -121,6 +122,7 @@ class CNNActorCritic(nn.Module):
         if state_dim is not None:
             raise ValueError("CNNActorCritic has no centralized critic (state_dim); use the per-agent (ippo) critic")
         self.num_agents, self.agent_id, self.centralized = num_agents, agent_id, False
+        self.slot_agnostic = not agent_id
         self.shared_encoder = shared_encoder
         self.register_buffer("agent_eye", torch.eye(num_agents))
         self.head = ActionHead(action_space, init_log_std)
@@ -176,8 +178,10 @@ class CNNActorCritic(nn.Module):
         action = self.head.sample(out, generator, greedy)
         return action, self.head.log_prob(out, action), self._value_from(obs, feat)
 
-    def evaluate_value(self, obs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`evaluate` and `value` on the same observations: -> (logprob, entropy, value)."""
+    def evaluate_value(self, obs: torch.Tensor, actions: torch.Tensor,
+                       critic_in: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`evaluate` and `value` on the same observations (the per-agent critic reads them, so
+        `critic_in` is `obs`): -> (logprob, entropy, value)."""
         feat = self.features(obs)
         out = self.actor(feat)
         return self.head.log_prob(out, actions), self.head.entropy(out), self._value_from(obs, feat)
@@ -197,6 +201,7 @@ class CNNMemoryActorCritic(nn.Module):
 
     obs_is_image = True
     recurrent = True
+    slot_agnostic = False
 
     def __init__(
         self,
@@ -221,7 +226,7 @@ class CNNMemoryActorCritic(nn.Module):
             core = MEMORY_CORES[core](out_dim, action_space, **core_kwargs)
         elif core_kwargs:
             raise ValueError(f"core_kwargs {sorted(core_kwargs)} apply only when core is built here (a name)")
-        if not getattr(core, "recurrent", False) or core.centralized:
+        if not core.recurrent or core.centralized:
             raise ValueError("core must be a memory model (recurrent) without a centralized critic")
         self.core = core
 

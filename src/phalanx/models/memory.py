@@ -116,6 +116,8 @@ class _MemoryActorCritic(nn.Module):
     `_seq(x [B, T, in], state, resets [B, T], active [B, T], idle_outputs) -> features [B, T, F]`."""
 
     recurrent = True
+    obs_is_image = False
+    slot_agnostic = False  # the update replays whole env segments
 
     def __init__(self, obs_dim, action_space, features, activation, num_agents, agent_id, state_dim,
                  init_log_std, memory_critic, critic_hidden):

@@ -149,6 +149,10 @@ class MLPActorCritic(nn.Module):
     instead of the agent's observation (IPPO).
     """
 
+    recurrent = False
+    obs_is_image = False
+    memory_critic = False
+
     def __init__(
         self,
         obs_dim: int,
@@ -163,6 +167,7 @@ class MLPActorCritic(nn.Module):
     ):
         super().__init__()
         self.num_agents, self.agent_id, self.centralized = num_agents, agent_id, state_dim is not None
+        self.slot_agnostic = not agent_id and roles is None and state_dim is None
         self.register_buffer("agent_eye", torch.eye(num_agents))
         self.head = ActionHead(action_space, init_log_std)
         actor_in = obs_dim + (num_agents if agent_id else 0)
@@ -195,3 +200,7 @@ class MLPActorCritic(nn.Module):
     def evaluate(self, obs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.actor(self.actor_input(obs))
         return self.head.log_prob(out, actions), self.head.entropy(out)
+
+    def evaluate_value(self, obs: torch.Tensor, actions: torch.Tensor,
+                       critic_in: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return *self.evaluate(obs, actions), self.value(critic_in)

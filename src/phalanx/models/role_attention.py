@@ -181,6 +181,9 @@ class RoleAttentionActorCritic(nn.Module):
     """
 
     recurrent = False
+    obs_is_image = False
+    memory_critic = False
+    slot_agnostic = False  # attention over the slots
 
     def __init__(
         self,
@@ -272,3 +275,7 @@ class RoleAttentionActorCritic(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.actor(self._features(self.actor_attn, obs, present))
         return self.head.log_prob(out, actions), self.head.entropy(out)
+
+    def evaluate_value(self, obs: torch.Tensor, actions: torch.Tensor,
+                       critic_in: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return *self.evaluate(obs, actions), self.value(critic_in)

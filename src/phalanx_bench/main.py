@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import importlib
 import json
 import math
 import os
@@ -53,7 +52,7 @@ import platform
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -61,7 +60,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from phalanx import runs
+from phalanx.config import resolve
+from phalanx.envs import make, registered, registry
+from phalanx.envs.bucket_brigade import SCENARIOS
 from phalanx.errors import ConfigError, PhalanxError
+from phalanx.evaluate import random_actions
+from phalanx.trainer import Trainer
 
 PPO_SETTINGS = {"num_epochs": 4, "num_minibatches": 8, "hidden_sizes": [64, 64]}
 DEFAULT_NUM_ENVS = {"cartpole": [8, 64, 512, 4096], "bucket_brigade": [64, 256, 1024, 4096]}
@@ -271,9 +276,6 @@ def bench_env(
     num_envs: int, seconds: float, device: torch.device, env_name: str = "cartpole", options: dict[str, Any] | None = None
 ) -> dict[str, float]:
     """Uniform random actions stepping the env alone; rates count agent steps (num_envs x num_agents per call)."""
-    from phalanx.envs import make
-    from phalanx.evaluate import random_actions
-
     env = make(env_name, num_envs=num_envs, device=device, seed=0, **(options or {}))
     gen = torch.Generator(device=device)
     gen.manual_seed(0)
@@ -285,8 +287,6 @@ def bench_env(
 
 
 def phalanx_config(num_envs: int, num_steps: int, run_dir: str, threads: int | None, device: str):
-    from phalanx.config import resolve
-
     return resolve({
         "env": "cartpole", "num_envs": num_envs, "num_steps": num_steps, **PPO_SETTINGS,
         "tensorboard": False, "progress": False, "run_dir": run_dir, "total_steps": 10**12,
@@ -297,8 +297,6 @@ def phalanx_config(num_envs: int, num_steps: int, run_dir: str, threads: int | N
 def bucket_brigade_config(num_envs: int, num_steps: int, run_dir: str, threads: int | None, device: str,
                           scenario: str = "default"):
     """The trainer config used for bucket_brigade training (the env's train_defaults fill in the rest)."""
-    from phalanx.config import resolve
-
     return resolve({
         "env": "bucket_brigade", "env_options": {"scenario": scenario}, "num_envs": num_envs, "num_steps": num_steps,
         "critic": "mappo", "param_sharing": "shared_id", "norm_reward": True, "team_reward": 1.0,
@@ -307,16 +305,14 @@ def bucket_brigade_config(num_envs: int, num_steps: int, run_dir: str, threads: 
     })
 
 
-def train_iteration(trainer: Any, after_collect: Callable[[], None] | None = None) -> None:
-    """One training iteration as `Trainer.train` runs it, minus logging: collect, update, the one host read
-    (`after_collect` is called in between)."""
+def train_iteration(trainer: Trainer) -> None:
+    """One training iteration as `Trainer.train` runs it, minus logging: collect, update, the one host read."""
     stats = trainer.collect()
-    if after_collect is not None:
-        after_collect()
     trainer.global_step += trainer.cfg.batch_size
-    metrics = trainer.update()
-    trainer.update_idx += 1
-    torch.stack([metrics["loss"].float(), stats["episodes"].float()]).tolist()
+    with trainer.timer.phase("update"):  # the host read counts in the update (a nested phase counts once)
+        metrics = trainer.update()
+        trainer.update_idx += 1
+        torch.stack([metrics["loss"].float(), stats["episodes"].float()]).tolist()
 
 
 def bench_trainer(
@@ -325,8 +321,6 @@ def bench_trainer(
 ) -> tuple[dict | None, dict]:
     """(rollout, train) measurements of one Trainer built from `config(num_envs, num_steps, run_dir, threads, device)`;
     rollout is None with `rollout=False`. Rates count agent steps: num_envs x num_steps x num_agents per iteration."""
-    from phalanx.train import Trainer
-
     with tempfile.TemporaryDirectory(prefix="phalanx-bench-") as tmp:
         cfg = config(num_envs, num_steps, tmp, threads, device)
         trainer = Trainer(cfg)
@@ -362,8 +356,6 @@ class ReferencePPO:
 
     def __init__(self, num_envs: int, num_steps: int, device: torch.device, seed: int = 1,
                  epochs: int = 4, minibatches: int = 8, lr: float = 2.5e-4, gamma: float = 0.99, lam: float = 0.95):
-        from phalanx.envs import make
-
         torch.manual_seed(seed)
         self.N, self.T, self.dev = num_envs, num_steps, device
         self.epochs, self.minibatches, self.gamma, self.lam = epochs, minibatches, gamma, lam
@@ -552,8 +544,6 @@ def _warn_busy(rows: list[dict[str, Any]]) -> None:
 
 
 def run_cartpole(args: argparse.Namespace) -> dict[str, Any]:
-    from phalanx import runs
-
     device = runs.resolve_device(args.device)
     out: dict[str, Any] = {
         "target": "cartpole",
@@ -614,9 +604,6 @@ BB_COLUMNS = [("num_envs", 8), ("env", 9), ("rollout", 9), ("train", 9), ("other
 
 
 def run_bucket_brigade(args: argparse.Namespace) -> dict[str, Any]:
-    from phalanx import runs
-    from phalanx.envs import registry
-
     device = runs.resolve_device(args.device)
     config = partial(bucket_brigade_config, scenario=args.scenario)
     cfg = config(args.num_envs[0], args.steps, "", args.threads, str(device)).to_dict()
@@ -651,8 +638,6 @@ def run_bucket_brigade(args: argparse.Namespace) -> dict[str, Any]:
 # -- suite: every workload -------------------------------------------------------------------------
 def workload_names() -> list[str]:
     """The registered workloads (the gym:/pz: prefix adapters are not), in the suite's order, then any others."""
-    from phalanx.envs import registered
-
     names = sorted(registered())
     return [n for n in SUITE_NUM_ENVS if n in names] + [n for n in names if n not in SUITE_NUM_ENVS]
 
@@ -672,8 +657,6 @@ def parse_workloads(text: str | None) -> list[str]:
 def workload_config(name: str, num_envs: int, num_steps: int | None, run_dir: str, threads: int | None, device: str):
     """The config `name` trains with (its train_defaults over the schema defaults) at `num_envs`; `num_steps`
     None keeps the workload's own rollout length."""
-    from phalanx.config import resolve
-
     layer: dict[str, Any] = {
         "env": name, "num_envs": num_envs, "tensorboard": False, "progress": False, "run_dir": run_dir,
         "total_steps": 10**12, "torch_threads": threads or 0, "device": device, "seed": 1,
@@ -685,9 +668,6 @@ def workload_config(name: str, num_envs: int, num_steps: int | None, run_dir: st
 
 def workload_info(name: str, num_steps: int | None) -> dict[str, Any]:
     """The agents per env and the training settings that shape the workload's cost (for the table and the JSON)."""
-    from phalanx.config import resolve
-    from phalanx.envs import make
-
     env = make(name, num_envs=1)
     try:
         num_agents = env.num_agents
@@ -830,8 +810,6 @@ def suite_row(name: str, num_envs: int, args: argparse.Namespace, device: torch.
 def warm_up(name: str, num_envs: int, args: argparse.Namespace, device: torch.device) -> None:
     """One untimed training iteration of `name`, so that one-time costs (lazy imports, thread pools, kernel and
     allocator caches) fall outside the first row's rates and memory. Errors are left to the rows to report."""
-    from phalanx.train import Trainer
-
     with contextlib.suppress(Exception), tempfile.TemporaryDirectory(prefix="phalanx-bench-") as tmp:
         trainer = Trainer(workload_config(name, num_envs, args.steps, tmp, args.threads, str(device)))
         try:
@@ -868,8 +846,6 @@ def _suite_sb3(rows: list[dict[str, Any]], rollouts: int) -> dict[str, Any] | No
 
 def run_suite(args: argparse.Namespace) -> dict[str, Any]:
     """`phalanx bench suite`: the rows of every workload, SB3 (--sb3), the profile, then bench.md and bench.png."""
-    from phalanx import runs
-
     device = runs.resolve_device(args.device)
     out: dict[str, Any] = {
         "target": "suite", "machine": _machine(device),
@@ -990,118 +966,41 @@ PROFILE_PARTS = [("env_step", "env step"), ("policy_forward", "policy forward"),
                  ("rollout_other", "rollout other"), ("gae", "GAE"), ("update", "update")]
 
 
-class _Clock:
-    """Wall time per part, summed over the calls of the callables made by `wrap`. A wrapped call made while
-    another wrapped call runs counts to the outer one only, so the parts never overlap. On CUDA/MPS the
-    device is synchronised around each timed call."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.seconds: dict[str, float] = {}
-        self._depth = 0
-
-    def wrap(self, part: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        self.seconds.setdefault(part, 0.0)
-
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            if self._depth:
-                return fn(*args, **kwargs)
-            _sync(self.device)
-            t0 = time.perf_counter()
-            self._depth += 1
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self._depth -= 1
-                _sync(self.device)
-                self.seconds[part] += time.perf_counter() - t0
-
-        return timed
-
-
-@contextlib.contextmanager
-def patched(patches: list[tuple[Any, str, Any]]) -> Iterator[None]:
-    """Set `obj.name = value` for each (obj, name, value) and restore them afterwards: an attribute the object
-    held itself gets its old value back; one it did not (a method found on its class) is deleted again."""
-    saved: list[tuple[Any, str, bool, Any]] = []
-    try:
-        for obj, name, value in patches:
-            own = name in vars(obj)
-            saved.append((obj, name, own, vars(obj).get(name)))
-            setattr(obj, name, value)
-        yield
-    finally:
-        for obj, name, own, old in reversed(saved):
-            if own:
-                setattr(obj, name, old)
-            else:
-                delattr(obj, name)
-
-
-def _profile_patches(trainer: Any, clock: _Clock) -> list[tuple[Any, str, Any]]:
-    """What the profile wraps: the env step, the rollout's policy and value forwards, the opponents' and
-    teammates' actions (duel's league), and compute_gae as train.py calls it."""
-    train_module = importlib.import_module("phalanx.train")  # `phalanx.train` the attribute is the function
-
-    patches = [(trainer.env, "step", clock.wrap("env_step", trainer.env.step)),
-               (trainer, "_value", clock.wrap("policy_forward", trainer._value)),
-               (train_module, "compute_gae", clock.wrap("gae", train_module.compute_gae))]
-    if trainer._act is not None:
-        patches.append((trainer, "_act", clock.wrap("policy_forward", trainer._act)))
-    if getattr(trainer.model, "recurrent", False):
-        patches.append((trainer.model, "act_step", clock.wrap("policy_forward", trainer.model.act_step)))
-    for filler in (trainer.league, trainer.teammates):
-        if filler is not None:
-            patches.append((filler, "fill", clock.wrap("opponents", filler.fill)))
-    return patches
-
-
-def _timed_cycles(trainer: Any, seconds: float) -> tuple[int, float, float, float]:
-    """(cycles, wall seconds, collect seconds, update seconds) of training iterations run until `seconds` passed
-    (at least one); the update includes the one host read."""
-    dev = trainer.device
-    marks: list[float] = []
-
-    def mark() -> None:
-        _sync(dev)
-        marks.append(time.perf_counter())
-
-    collect = update = 0.0
+def _timed_cycles(trainer: Trainer, seconds: float) -> tuple[int, float]:
+    """(cycles, wall seconds) of training iterations run until `seconds` passed (at least one)."""
     cycles = 0
+    _sync(trainer.device)
     t0 = time.perf_counter()
     while cycles == 0 or time.perf_counter() - t0 < seconds:
-        marks.clear()
-        mark()
-        train_iteration(trainer, after_collect=mark)
-        mark()
-        collect += marks[1] - marks[0]
-        update += marks[2] - marks[1]
+        train_iteration(trainer)
         cycles += 1
-    _sync(dev)
-    return cycles, time.perf_counter() - t0, collect, update
+    _sync(trainer.device)
+    return cycles, time.perf_counter() - t0
 
 
 def profile_workload(name: str, num_envs: int, num_steps: int | None, seconds: float, threads: int | None,
                      device: torch.device) -> dict[str, Any]:
-    """The time split of `name`'s collect+update cycle at `num_envs`: one warm-up cycle, then cycles until
-    `seconds` passed (at least one), every part averaged per cycle. `rollout_other` is the collect time outside
-    the env step, the policy forwards and the opponents (buffers, normalisers, bookkeeping); `update` is the
-    update time outside compute_gae (minibatch forward, backward, optimizer, the host read)."""
-    from phalanx.train import Trainer
-
+    """The time split of `name`'s collect+update cycle at `num_envs`, read from the trainer's own phase
+    clock: one warm-up cycle, then cycles until `seconds` passed (at least one), every part averaged per
+    cycle. `rollout_other` is the collect time outside the env step, the policy forwards and the opponents
+    (buffers, normalisers, bookkeeping); `update` is the update time outside GAE (minibatch forward,
+    backward, optimizer); the host read and logging fall into neither and count in the cycle."""
     with tempfile.TemporaryDirectory(prefix="phalanx-bench-") as tmp:
         trainer = Trainer(workload_config(name, num_envs, num_steps, tmp, threads, str(device)))
         try:
             train_iteration(trainer)  # warm-up
-            clock = _Clock(trainer.device)
-            with patched(_profile_patches(trainer, clock)):
-                cycles, wall, collect, update = _timed_cycles(trainer, seconds)
+            clock = trainer.timer
+            clock.reset()
+            clock.enabled = True
+            cycles, wall = _timed_cycles(trainer, seconds)
+            clock.enabled = False
             shape = {"num_agents": trainer.A, "num_steps": trainer.cfg.num_steps}
         finally:
             trainer.close()
-    part = {k: clock.seconds.get(k, 0.0) / cycles for k in ("env_step", "policy_forward", "opponents", "gae")}
-    part["rollout_other"] = collect / cycles - part["env_step"] - part["policy_forward"] - part["opponents"]
-    part["update"] = update / cycles - part["gae"]
+    sec = {k: v / cycles for k, v in clock.seconds.items()}
+    part = {k: sec[k] for k in ("env_step", "policy_forward", "opponents", "gae")}
+    part["rollout_other"] = sec["collect"] - part["env_step"] - part["policy_forward"] - part["opponents"]
+    part["update"] = sec["update"] - part["gae"]
     cycle = wall / cycles
     return {"workload": name, "num_envs": num_envs, **shape, "cycles": cycles, "cycle_seconds": cycle,
             "agent_steps_per_cycle": num_envs * shape["num_steps"] * shape["num_agents"],
@@ -1160,8 +1059,6 @@ def run_profiles(args: argparse.Namespace, device: torch.device, counts: list[in
 
 def run_profile(args: argparse.Namespace) -> dict[str, Any]:
     """`phalanx bench profile`: the update-cycle split alone; with --out also DIR/profile.md."""
-    from phalanx import runs
-
     device = runs.resolve_device(args.device)
     out: dict[str, Any] = {"target": "profile", "machine": _machine(device),
                            "settings": {"seconds": args.seconds, "num_steps": args.steps, "threads": args.threads,
@@ -1180,8 +1077,6 @@ def run_profile(args: argparse.Namespace) -> dict[str, Any]:
 
 def _check_bucket_brigade(args: argparse.Namespace) -> None:
     """Reject bad arguments before any measurement starts."""
-    from phalanx.envs.bucket_brigade import SCENARIOS
-
     if args.sb3:
         raise BenchError("bench: --sb3 applies to the cartpole target only")
     if args.scenario is None:

@@ -1,0 +1,48 @@
+"""Running returns and lengths of the episodes in play, shared by training and evaluation."""
+
+from __future__ import annotations
+
+import torch
+
+
+class EpisodeCounters:
+    """Per slot [N, A] and per env [N] (the team: every active slot's reward) counters, on the device.
+
+    An env's episode has ended (`step` returns it) where every slot is done or was already inactive.
+    """
+
+    def __init__(self, num_envs: int, num_agents: int, device: torch.device | str):
+        self.slot_return = torch.zeros(num_envs, num_agents, device=device)
+        self.slot_length = torch.zeros(num_envs, num_agents, device=device)
+        self.team_return = torch.zeros(num_envs, device=device)
+        self.env_length = torch.zeros(num_envs, device=device)
+
+    def step(self, reward: torch.Tensor, done: torch.Tensor, prev_active: torch.Tensor) -> torch.Tensor:
+        """Add one step's rewards (of the slots that acted); -> [N] bool: the env's episode ended."""
+        earned = reward * prev_active
+        self.slot_return += earned
+        self.slot_length += prev_active
+        self.team_return += earned.sum(-1)
+        self.env_length += 1
+        return (done | ~prev_active).all(-1)
+
+    def end_slots(self, done: torch.Tensor) -> None:
+        self.slot_return.masked_fill_(done, 0.0)
+        self.slot_length.masked_fill_(done, 0.0)
+
+    def end_envs(self, env_done: torch.Tensor) -> None:
+        self.team_return.masked_fill_(env_done, 0.0)
+        self.env_length.masked_fill_(env_done, 0.0)
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        # Names kept from the first checkpoint format, so older runs resume.
+        return {"ep_return": self.slot_return, "ep_length": self.slot_length, "team_return": self.team_return,
+                "env_length": self.env_length}
+
+    def load_state(self, tensors: dict[str, torch.Tensor]) -> None:
+        dev = self.team_return.device
+        self.slot_return = tensors["ep_return"].to(dev)
+        self.slot_length = tensors["ep_length"].to(dev)
+        self.team_return = tensors["team_return"].to(dev)
+        if "env_length" in tensors:
+            self.env_length = tensors["env_length"].to(dev)

@@ -1,0 +1,107 @@
+"""What a run writes as it goes: one metrics row per update (metrics.jsonl, TensorBoard) and progress."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+class RunLog:
+    """metrics.jsonl (one JSON line per update, flushed) and, optionally, TensorBoard events."""
+
+    def __init__(self, run_dir: Path, tensorboard: bool, resume_step: int | None):
+        self.writer = None
+        if tensorboard:
+            # Imported on use: it takes about a second, and runs may switch TensorBoard off.
+            from torch.utils.tensorboard import SummaryWriter
+
+            # The checkpoint holds the row logged at its own step; later events are from lost updates.
+            self.writer = SummaryWriter(str(run_dir / "tb"), purge_step=None if resume_step is None else resume_step + 1)
+        self.metrics_file = open(run_dir / "metrics.jsonl", "a")
+
+    def write(self, row: dict[str, Any]) -> None:
+        self.metrics_file.write(json.dumps(row) + "\n")
+        self.metrics_file.flush()
+        if self.writer is not None:
+            step = row["step"]
+            for k, v in row.items():
+                if k in ("step", "update") or v is None:
+                    continue
+                self.writer.add_scalar(f"{tensorboard_group(k)}/{k}", v, step)
+
+    def close(self) -> None:
+        self.metrics_file.close()
+        if self.writer is not None:
+            self.writer.close()
+
+
+def tensorboard_group(key: str) -> str:
+    if key.startswith("env_reward_"):
+        return "reward_terms"
+    if key.startswith("league_"):
+        return "league"
+    return "charts" if key.startswith(("episode", "team", "env_", "success", "sps", "lr")) else "losses"
+
+
+def summary_row(step: int, update: int, values: dict[str, float], num_agents: int,
+                success_key: str | None) -> dict[str, Any]:
+    """The metrics row of one update from the update's mean metrics and the rollout's summed
+    episode statistics (`values`, read from the device together)."""
+    values = dict(values)
+    row: dict[str, Any] = {"step": step, "update": update}
+    eps = values.pop("episodes")
+    ret_sum, len_sum = values.pop("ep_return_sum"), values.pop("ep_length_sum")
+    team_eps, team_sum = values.pop("team_episodes"), values.pop("team_return_sum")
+    info = {k[5:]: values.pop(k) for k in list(values) if k.startswith("info_")}
+    row["episodes"] = int(eps)
+    if eps > 0:
+        row["episode_return"] = ret_sum / eps
+        row["episode_length"] = len_sum / eps
+    if num_agents == 1:
+        team_eps = eps  # one slot: the env's episodes are the agent's
+    if team_eps > 0 and num_agents > 1:
+        row["team_return"] = team_sum / team_eps
+        for k, v in info.items():
+            row[f"env_{k}"] = v / team_eps
+    if team_eps > 0 and success_key in info:
+        row["success_rate"] = info[success_key] / team_eps
+    row.update(values)
+    return row
+
+
+class Progress:
+    """A live bar (rich) on a terminal; a line every 10% of the run otherwise."""
+
+    def __init__(self, total: int, enabled: bool, start: int = 0):
+        self.total, self.enabled = total, enabled
+        self._bar = None
+        self._next_line = 0.1
+        if not enabled:
+            return
+        if sys.stderr.isatty():
+            from rich.progress import BarColumn, TextColumn, TimeRemainingColumn
+            from rich.progress import Progress as RichProgress
+
+            self._bar = RichProgress(
+                TextColumn("[bold]train"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,} steps"),
+                TextColumn("{task.fields[sps]:>9,.0f} steps/s"), TextColumn("return {task.fields[ret]:>8.2f}"),
+                TimeRemainingColumn(), transient=False,
+            )
+            self._task = self._bar.add_task("train", total=total, completed=start, sps=0.0, ret=float("nan"))
+            self._bar.start()
+
+    def update(self, step: int, sps: float, ret: float) -> None:
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.update(self._task, completed=min(step, self.total), sps=sps, ret=ret)
+        elif step / self.total >= self._next_line or step >= self.total:
+            print(f"step {step:>10,}/{self.total:,}  {sps:>9,.0f} steps/s  return {ret:8.2f}", file=sys.stderr, flush=True)
+            while self._next_line <= step / self.total:
+                self._next_line += 0.1
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()

@@ -1,0 +1,65 @@
+"""The model interface the trainer, policies and the league rely on (DESIGN.md section 4).
+
+Every model declares its capabilities as attributes (class attributes where they cannot change):
+the trainer reads them, never probes for methods. `tests/test_model_registry.py` checks every
+registered model against these protocols.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Protocol, runtime_checkable
+
+import torch
+
+from phalanx.models.mlp import ActionHead
+
+
+@runtime_checkable
+class ActorCritic(Protocol):
+    """What every actor-critic offers."""
+
+    recurrent: ClassVar[bool]  # memory across steps: a step forward in rollouts, a sequence forward in training
+    obs_is_image: ClassVar[bool]  # takes uint8 pixels [..., A, C, H, W] and scales them itself
+    centralized: bool  # the critic reads the env's global state (MAPPO), not the agent's observation
+    memory_critic: bool  # the critic reads the memory: values come from act_step / value_step / evaluate_seq
+    slot_agnostic: bool  # every slot is treated alike (no slot id, one parameter set, per-agent critic)
+    num_agents: int
+    head: ActionHead
+
+    def value(self, critic_in: torch.Tensor) -> torch.Tensor:
+        """V per agent [..., A] from observations [..., A, D] (IPPO) or the global state [..., S] (MAPPO)."""
+        ...
+
+
+@runtime_checkable
+class FeedForwardActorCritic(ActorCritic, Protocol):
+    def act(self, obs: torch.Tensor, generator: torch.Generator | None = None,
+            greedy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """obs [..., A, *obs] -> (action [..., A, *act], log-prob [..., A])."""
+        ...
+
+    def evaluate_value(self, obs: torch.Tensor, actions: torch.Tensor,
+                       critic_in: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """-> (log-prob, entropy, value), each [..., A]: the update's one forward."""
+        ...
+
+
+@runtime_checkable
+class RecurrentActorCritic(ActorCritic, Protocol):
+    def initial_state(self, batch_size: int, device: torch.device | str | None = None):
+        """The memory of `batch_size` slots at an episode start."""
+        ...
+
+    def act_step(self, obs: torch.Tensor, state, reset: torch.Tensor | None = None, active: torch.Tensor | None = None,
+                 generator: torch.Generator | None = None, greedy: bool = False):
+        """-> (action, log-prob, value | None, state), the state updated in place."""
+        ...
+
+    def value_step(self, obs: torch.Tensor, state) -> torch.Tensor:
+        """The memory critic's V(obs) as the next step of each slot's episode; writes nothing."""
+        ...
+
+    def evaluate_seq(self, obs: torch.Tensor, actions: torch.Tensor, start_state, resets: torch.Tensor | None = None,
+                     active: torch.Tensor | None = None, idle_outputs: bool = True):
+        """Segments [*B, A, T, ...] -> (log-prob, entropy, value | None), each [*B, A, T]."""
+        ...

@@ -1,0 +1,187 @@
+"""Model name -> builder, with the capabilities it declares (mirrors envs/registry.py).
+
+`check_model` raises every `ConfigError` a model would (before the trainer touches the run directory
+or any random state); `build_model` checks, then builds. The config's `model` choices are the names
+registered here (a test keeps them equal).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from phalanx.config import Config
+from phalanx.envs.base import VecEnv
+from phalanx.errors import ConfigError
+from phalanx.models.cnn import CNNActorCritic, CNNMemoryActorCritic
+from phalanx.models.memory import LSTMActorCritic, TransformerActorCritic
+from phalanx.models.mlp import MLPActorCritic
+from phalanx.models.protocol import ActorCritic
+from phalanx.models.role_attention import RoleAttentionActorCritic
+from phalanx.models.strategy import StrategyActorCritic
+
+
+def obs_dim_of(env: VecEnv) -> int:
+    return int(math.prod(env.observation_space.shape))
+
+
+def state_dim_of(env: VecEnv) -> int | None:
+    return int(math.prod(env.state_space.shape)) if env.state_space is not None else None
+
+
+def is_image_env(env: VecEnv) -> bool:
+    return len(env.observation_space.shape) == 3
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    description: str
+    build: Callable[[Config, VecEnv], ActorCritic]
+    # Refuses configs the model cannot serve, naming the key; runs before anything is built.
+    check: Callable[[Config, VecEnv], None]
+    # A memory model: rollouts carry a state and minibatches keep each env's segment whole.
+    recurrent: bool
+
+
+MODELS: dict[str, ModelSpec] = {}
+
+
+def register_model(spec: ModelSpec) -> None:
+    MODELS[spec.name] = spec
+
+
+def model_spec(name: str) -> ModelSpec:
+    if name not in MODELS:
+        raise ConfigError(f"config key 'model' must be one of {', '.join(MODELS)}; got {name!r}")
+    return MODELS[name]
+
+
+def check_model(cfg: Config, env: VecEnv) -> None:
+    """Every ConfigError building `cfg.model` for `env` would raise, without building it."""
+    if cfg.critic == "mappo" and env.state_space is None:
+        raise ConfigError(f"config key 'critic' is 'mappo' but env '{cfg.env}' has no global state; use ippo")
+    model_spec(cfg.model).check(cfg, env)
+
+
+def build_model(cfg: Config, env: VecEnv) -> ActorCritic:
+    check_model(cfg, env)
+    return MODELS[cfg.model].build(cfg, env)
+
+
+def _roles(cfg: Config, env: VecEnv) -> torch.Tensor | None:
+    return env.roles.detach().cpu() if cfg.param_sharing == "per_role" else None
+
+
+def _state_dim(cfg: Config, env: VecEnv) -> int | None:
+    return state_dim_of(env) if cfg.critic == "mappo" else None
+
+
+# -- mlp -------------------------------------------------------------------------------------------
+def _no_check(cfg: Config, env: VecEnv) -> None:
+    pass
+
+
+def _build_mlp(cfg: Config, env: VecEnv) -> ActorCritic:
+    return MLPActorCritic(
+        obs_dim_of(env), env.action_space, tuple(cfg.hidden_sizes), cfg.activation,
+        num_agents=env.num_agents, agent_id=cfg.param_sharing == "shared_id", roles=_roles(cfg, env),
+        state_dim=_state_dim(cfg, env), init_log_std=cfg.init_log_std,
+    )
+
+
+# -- cnn (and the memory models on images) ---------------------------------------------------------
+def _check_image(cfg: Config, env: VecEnv) -> None:
+    if not is_image_env(env):
+        raise ConfigError(f"config key 'model' is cnn but env '{cfg.env}' has flat observations "
+                          f"{tuple(env.observation_space.shape)}; allowed for it: mlp, lstm, transformer")
+    if cfg.critic == "mappo" or cfg.param_sharing == "per_role":
+        raise ConfigError("image policies use a per-agent critic and shared parameters: set critic ippo, param_sharing shared or shared_id")
+    if cfg.norm_obs:
+        raise ConfigError("config key 'norm_obs' must be false for image observations (the CNN scales pixels itself)")
+    if cfg.model == "cnn" and len(cfg.cnn_channels) != 3:
+        raise ConfigError(f"config key 'cnn_channels' needs 3 widths (one per conv layer), got {cfg.cnn_channels}")
+
+
+def _build_cnn(cfg: Config, env: VecEnv) -> ActorCritic:
+    shape = tuple(env.observation_space.shape)
+    high = float(env.observation_space.high_tensor("cpu").max())
+    common = dict(num_agents=env.num_agents, agent_id=cfg.param_sharing == "shared_id", init_log_std=cfg.init_log_std)
+    if cfg.model == "cnn":
+        return CNNActorCritic(shape, env.action_space, channels=tuple(cfg.cnn_channels), out_dim=cfg.cnn_dense,
+                              hidden_sizes=(), max_value=high, **common)
+    core = dict(hidden=cfg.lstm_hidden) if cfg.model == "lstm" else dict(width=cfg.tf_width, layers=cfg.tf_layers,
+                                                                           heads=cfg.tf_heads, horizon=cfg.tf_horizon)
+    return CNNMemoryActorCritic(shape, env.action_space, core=cfg.model, channels=tuple(cfg.cnn_channels),
+                                out_dim=cfg.cnn_dense, max_value=high, critic_hidden=tuple(cfg.hidden_sizes), **core, **common)
+
+
+# -- role attention --------------------------------------------------------------------------------
+def _check_role_attention(cfg: Config, env: VecEnv) -> None:
+    if cfg.param_sharing == "per_role":
+        raise ConfigError("config key 'param_sharing' cannot be per_role with model=role_attention (roles enter as "
+                          "embeddings); use shared or shared_id")
+    if cfg.relay_mass > 1.0:
+        raise ConfigError(f"config key 'relay_mass' must be in [0, 1], got {cfg.relay_mass}")
+
+
+def _build_role_attention(cfg: Config, env: VecEnv) -> ActorCritic:
+    relays = tuple(i for i, n in enumerate(env.role_names) if n == "relay")
+    return RoleAttentionActorCritic(
+        obs_dim_of(env), env.action_space, env.roles.detach().cpu(), len(env.role_names), relay_roles=relays,
+        width=cfg.tf_width, heads=cfg.tf_heads, hidden_sizes=tuple(cfg.hidden_sizes), activation=cfg.activation,
+        agent_id=cfg.param_sharing == "shared_id", state_dim=_state_dim(cfg, env), init_log_std=cfg.init_log_std,
+        masses=(1.0 - cfg.relay_mass, cfg.relay_mass), relay_floor=cfg.relay_floor, temperature=cfg.attn_temperature,
+    )
+
+
+# -- memory models ---------------------------------------------------------------------------------
+def _check_memory(cfg: Config, env: VecEnv) -> None:
+    if is_image_env(env) and cfg.model != "strategy":  # on images: the CNN encoder, then the memory core
+        _check_image(cfg, env)
+    if cfg.param_sharing == "per_role":
+        raise ConfigError(f"config key 'param_sharing' cannot be per_role with model={cfg.model}; use shared or shared_id")
+
+
+def _memory_common(cfg: Config, env: VecEnv) -> dict:
+    return dict(num_agents=env.num_agents, agent_id=cfg.param_sharing == "shared_id", state_dim=_state_dim(cfg, env),
+                init_log_std=cfg.init_log_std, critic_hidden=tuple(cfg.hidden_sizes))
+
+
+def _build_lstm(cfg: Config, env: VecEnv) -> ActorCritic:
+    if is_image_env(env):
+        return _build_cnn(cfg, env)
+    return LSTMActorCritic(obs_dim_of(env), env.action_space, hidden=cfg.lstm_hidden, activation=cfg.activation,
+                           **_memory_common(cfg, env))
+
+
+def _build_transformer(cfg: Config, env: VecEnv) -> ActorCritic:
+    if is_image_env(env):
+        return _build_cnn(cfg, env)
+    return TransformerActorCritic(obs_dim_of(env), env.action_space, width=cfg.tf_width, layers=cfg.tf_layers,
+                                  heads=cfg.tf_heads, horizon=cfg.tf_horizon, **_memory_common(cfg, env))
+
+
+def _build_strategy(cfg: Config, env: VecEnv) -> ActorCritic:
+    # Each layer attends `horizon` steps back, so the layers together see strategy_history steps.
+    horizon = -(-cfg.strategy_history // cfg.tf_layers)
+    return StrategyActorCritic(obs_dim_of(env), env.action_space, hidden=cfg.lstm_hidden, width=cfg.tf_width,
+                               layers=cfg.tf_layers, heads=cfg.tf_heads, history=horizon, activation=cfg.activation,
+                               **_memory_common(cfg, env))
+
+
+register_model(ModelSpec("mlp", "separate actor and critic MLPs (shared, slot id or per-role parameters)",
+                         _build_mlp, _no_check, recurrent=False))
+register_model(ModelSpec("lstm", "an LSTM over the episode's steps (on images: after the CNN encoder)",
+                         _build_lstm, _check_memory, recurrent=True))
+register_model(ModelSpec("transformer", "a causal transformer with a KV cache of tf_horizon steps (on images: after the CNN)",
+                         _build_transformer, _check_memory, recurrent=True))
+register_model(ModelSpec("strategy", "a transformer over the opponent's recent steps feeding an LSTM (two-sided games)",
+                         _build_strategy, _check_memory, recurrent=True))
+register_model(ModelSpec("cnn", "Nature-CNN encoder and dense layer for pixel observations", _build_cnn, _check_image,
+                         recurrent=False))
+register_model(ModelSpec("role_attention", "attention over the other slots, pooled per role (heterogeneous teams)",
+                         _build_role_attention, _check_role_attention, recurrent=False))

@@ -1,0 +1,293 @@
+"""The rollout: buffers on the device, the envs in play, and `collect` (DESIGN.md section 2).
+
+The buffer owns what is known at collection time, including each step's bootstrap value
+(`next_values`) by the one rule of the README's boundary table, and computes advantages from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
+import torch
+
+from phalanx import runs
+from phalanx.algo import Normalizers, compute_gae
+from phalanx.config import Config
+from phalanx.envs.base import StepRecord, VecEnv
+from phalanx.envs.spaces import Box
+from phalanx.episodes import EpisodeCounters
+from phalanx.errors import ConfigError
+from phalanx.league import League
+from phalanx.models.protocol import ActorCritic
+from phalanx.models.registry import obs_dim_of, state_dim_of
+from phalanx.profile import PhaseTimer
+from phalanx.slots import Teammates
+
+ActFn = Callable[[torch.Tensor, torch.Generator], tuple[torch.Tensor, torch.Tensor]]
+
+
+def buffer_specs(cfg: Config, env: VecEnv, model: ActorCritic) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Name -> (shape, dtype) of every rollout buffer; image observations stay uint8."""
+    T, N, A = cfg.num_steps, env.num_envs, env.num_agents
+    space = env.action_space
+    act_dtype = torch.float32 if isinstance(space, Box) else torch.long
+    obs = ((T, N, A, *env.observation_space.shape), torch.uint8) if model.obs_is_image else ((T, N, A, obs_dim_of(env)), torch.float32)
+    specs = {"obs": obs, "actions": ((T, N, A, *space.shape), act_dtype)}
+    for k in ("logprobs", "values", "next_values", "rewards"):
+        specs[k] = ((T, N, A), torch.float32)
+    for k in ("terminated", "truncated", "active", "trial_end"):
+        specs[k] = ((T, N, A), torch.bool)
+    if model.recurrent:
+        specs["resets"] = specs["env_active"] = ((T, N, A), torch.bool)
+    if model.centralized:
+        specs["states"] = ((T, N, state_dim_of(env)), torch.float32)
+    return specs
+
+
+def buffer_bytes(specs: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> int:
+    return sum(math.prod(shape) * torch.empty((), dtype=dt).element_size() for shape, dt in specs.values())
+
+
+class Rollout:
+    """Collects `num_steps` of every env on the device; reads nothing back to the host (on CPU, the
+    rows truncated at a step are selected, which costs nothing there)."""
+
+    def __init__(self, cfg: Config, env: VecEnv, model: ActorCritic, norms: Normalizers, learner: torch.Tensor,
+                 generator: torch.Generator, act: ActFn | None, amp: Callable[[], AbstractContextManager],
+                 timer: PhaseTimer, teammates: Teammates | None = None, league: League | None = None,
+                 seed: int | None = None, announce: bool = False):
+        self.cfg, self.env, self.model, self.norms, self.learner = cfg, env, model, norms, learner
+        self.gen, self.act, self.amp, self.timer = generator, act, amp, timer
+        self.teammates, self.league = teammates, league
+        self.device = env.device
+        self.N, self.A = env.num_envs, env.num_agents
+        specs = buffer_specs(cfg, env, model)
+        need, free = buffer_bytes(specs), runs.free_memory_bytes(self.device)
+        if announce:
+            print(f"rollout buffer: {need / 2**20:,.1f} MiB on {self.device}"
+                  + (f" ({free / 2**20:,.0f} MiB free)" if free is not None else ""), file=sys.stderr, flush=True)
+        if free is not None and need > 0.8 * free:
+            raise ConfigError(
+                f"the rollout buffer needs {need / 2**20:,.0f} MiB but {self.device} has {free / 2**20:,.0f} MiB free; "
+                f"lower num_envs ({cfg.num_envs}) or num_steps ({cfg.num_steps})"
+            )
+        self.buf = {k: torch.zeros(shape, dtype=dt, device=self.device) for k, (shape, dt) in specs.items()}
+        self.record = env.reset(seed=seed)
+        # The observation statistics count the reset observations here and every later one once, as it
+        # arrives in `collect` (a rollout starts from the observation the previous one already counted).
+        self.obs_in(self.record.obs, update=True, mask=self.record.active & learner)
+        self.counters = EpisodeCounters(self.N, self.A, self.device)
+        if model.recurrent:
+            self.memory = model.initial_state(self.N * self.A, self.device)
+            self.prev_done = torch.zeros(self.N, self.A, dtype=torch.bool, device=self.device)
+            self.segment_start = self.memory.clone()
+        # Which envs' final observations go through the critic: only the truncated ones (CPU, where
+        # reading which they are costs nothing) or all of them (accelerators: no host sync). Same values.
+        self.final_values_whole_batch = self.device.type != "cpu"
+
+    # -- observations and values -----------------------------------------------------------------
+    def obs_in(self, obs: torch.Tensor, update: bool = False, mask: torch.Tensor | None = None,
+               rows: int | None = None) -> torch.Tensor:
+        """The model's input: uint8 pixels as they are (the CNN scales them), else flat float features,
+        normalised where `norm_obs` is on (`update` folds them into the statistics first)."""
+        if self.model.obs_is_image:
+            return obs
+        x = obs.reshape(rows or self.N, self.A, -1).float()
+        if self.norms.obs is None:
+            return x
+        if update:
+            self.norms.obs.update(x, mask)
+        return self.norms.obs.normalize(x, self.cfg.obs_clip)
+
+    def value(self, obs_n: torch.Tensor, state: torch.Tensor | None, envs: torch.Tensor | None = None) -> torch.Tensor:
+        """V of observations of all envs, or of the envs `envs` (a long index) only, in return units."""
+        with self.timer.phase("policy_forward"), self.amp():
+            if self.model.memory_critic:
+                # V from the memory as it stands (e.g. V(final_obs) before the next step's reset); writes nothing.
+                memory = self.memory
+                if envs is not None:
+                    memory = memory.select((envs.unsqueeze(1) * self.A + torch.arange(self.A, device=envs.device)).reshape(-1))
+                v = self.model.value_step(obs_n, memory)
+            else:
+                v = self.model.value(state.reshape(state.shape[0], -1).float() if self.model.centralized else obs_n)
+        return self.denorm(v.float())
+
+    def denorm(self, v: torch.Tensor) -> torch.Tensor:
+        return self.norms.value.denormalize(v) if self.norms.value is not None else v
+
+    def final_values(self, rec: StepRecord, next_value: torch.Tensor) -> torch.Tensor:
+        """The bootstrap of this step (README, boundary table): V(final_obs) where the slot was truncated,
+        else `next_value`, V of the observation that follows, also across a trial end (terminated
+        steps ignore it)."""
+        trunc, state = rec.truncated, rec.final_state
+        if not self.final_values_whole_batch:
+            envs = trunc.any(-1).nonzero().squeeze(1)
+            if envs.numel() == 0:
+                return next_value
+            final = self.value(self.obs_in(rec.final_obs[envs], rows=len(envs)), state[envs] if state is not None else None, envs)
+            out = next_value.clone()
+            out[envs] = torch.where(trunc[envs], final, next_value[envs])
+            return out
+        return torch.where(trunc, self.value(self.obs_in(rec.final_obs), state), next_value)
+
+    # -- collect ---------------------------------------------------------------------------------
+    @torch.no_grad()
+    def collect(self) -> dict[str, torch.Tensor]:
+        """One rollout of `num_steps` on the device; returns episode statistics as 0-d tensors.
+
+        Agent episodes are counted per learner slot; team episodes (the env's episode, all slots'
+        rewards summed) where every slot is done or was already inactive.
+        """
+        with self.timer.phase("collect"):
+            return self._collect()
+
+    def _collect(self) -> dict[str, torch.Tensor]:
+        b, rec, cfg, model = self.buf, self.record, self.cfg, self.model
+        zero = lambda: torch.zeros((), device=self.device)  # noqa: E731
+        stats = {"ep_return_sum": zero(), "ep_length_sum": zero(), "episodes": zero(), "team_return_sum": zero(), "team_episodes": zero(),
+                 "env_nonfinite": zero(), "env_first_bad_step": torch.full((), -1.0, device=self.device)}
+        head, learner, counters = model.head, self.learner, self.counters
+        obs_n = self.obs_in(rec.obs)
+        if model.recurrent:
+            self.segment_start = self.memory.clone()
+        value = None if model.memory_critic else self.value(obs_n, rec.state)
+        for t in range(cfg.num_steps):
+            if model.recurrent:
+                b["resets"][t] = self.prev_done
+                b["env_active"][t] = rec.active
+                with self.timer.phase("policy_forward"), self.amp():
+                    action, logp, v_mem, self.memory = model.act_step(obs_n, self.memory, self.prev_done, rec.active, self.gen)
+                logp = logp.float()
+                if model.memory_critic:
+                    value = self.denorm(v_mem.float())
+            else:
+                with self.timer.phase("policy_forward"), self.amp():
+                    action, logp = self.act(obs_n, self.gen)
+                logp = logp.float()
+            if self.teammates is not None:
+                with self.timer.phase("opponents"):
+                    action = self.teammates.fill(action, rec, self.gen)
+            if self.league is not None:
+                with self.timer.phase("opponents"):
+                    action = self.league.fill(action, rec)
+            acting = rec.active & learner
+            b["obs"][t] = obs_n
+            if "states" in b:
+                b["states"][t] = rec.state.reshape(self.N, -1)
+            b["actions"][t] = action
+            b["logprobs"][t] = logp
+            b["values"][t] = value
+            b["active"][t] = acting
+            prev_active = rec.active
+            with self.timer.phase("env_step"):
+                rec = self._checked(self.env.step(head.to_env(action)), t, stats)
+            next_n = self.obs_in(rec.obs, update=True, mask=rec.active & learner)
+            reward = rec.reward
+            done = rec.terminated | rec.truncated
+            if model.memory_critic:
+                # Until the last step, what follows is valued by the next step's act_step (same memory, no
+                # reset where the episode goes on): those entries are filled in after the loop.
+                ahead = self.value(next_n, None) if t == cfg.num_steps - 1 else torch.zeros_like(reward)
+                b["next_values"][t] = self.final_values(rec, ahead)
+            else:
+                value = self.value(next_n, rec.state)
+                b["next_values"][t] = self.final_values(rec, value)
+            if model.recurrent:
+                self.prev_done = done
+            env_done = counters.step(reward, done, prev_active)
+            agent_done = done & acting
+            stats["ep_return_sum"] += (counters.slot_return * agent_done).sum()
+            stats["ep_length_sum"] += (counters.slot_length * agent_done).sum()
+            stats["episodes"] += agent_done.sum()
+            stats["team_return_sum"] += (counters.team_return * env_done).sum()
+            stats["team_episodes"] += env_done.sum()
+            if self.league is not None:
+                sides = torch.stack([(counters.slot_return * learner).sum(-1), (counters.slot_return * ~learner).sum(-1)], -1)
+                self.league.after_step(rec, env_done, sides)
+            for k, v in rec.info.items():
+                if k in ("episode_return", "episode_length") and k != self.env.success_key:
+                    continue  # tracked above, per agent slot
+                key = f"info_{k}"
+                if key not in stats:
+                    stats[key] = zero()
+                stats[key] += (self._learner_mean(v) * env_done).sum()
+            counters.end_slots(done)
+            counters.end_envs(env_done)
+            if cfg.team_reward > 0:
+                w = cfg.team_reward
+                team = (reward * prev_active).sum(-1, keepdim=True) / prev_active.sum(-1, keepdim=True).clamp_min(1)
+                reward = (1 - w) * reward + w * team
+            if self.norms.reward is not None:
+                reward = self.norms.reward(reward, done, acting)
+            b["rewards"][t] = reward
+            b["terminated"][t] = rec.terminated
+            b["truncated"][t] = rec.truncated
+            b["trial_end"][t] = rec.trial_end
+            obs_n = next_n
+        if model.memory_critic:
+            nv = b["next_values"]
+            nv[:-1] = torch.where(b["truncated"][:-1], nv[:-1], b["values"][1:])
+        self.record = rec
+        return stats
+
+    def _checked(self, rec: StepRecord, t: int, stats: dict[str, torch.Tensor]) -> StepRecord:
+        """The env boundary: count NaN / infinite observations, states and rewards on the device
+        (read with the update's metrics); `nonfinite_env: zero` also replaces them with 0."""
+        fields = [f for f in ("obs", "final_obs", "reward", "state", "final_state") if getattr(rec, f) is not None]
+        if self.model.obs_is_image:  # uint8 pixels cannot be NaN
+            fields = [f for f in fields if f not in ("obs", "final_obs")]
+        bad = sum((~torch.isfinite(getattr(rec, f))).sum() for f in fields)
+        stats["env_nonfinite"] += bad
+        stats["env_first_bad_step"] = torch.where((stats["env_first_bad_step"] < 0) & (bad > 0), t,
+                                                  stats["env_first_bad_step"])
+        if self.cfg.nonfinite_env == "zero":
+            for f in fields:
+                setattr(rec, f, torch.nan_to_num(getattr(rec, f), nan=0.0, posinf=0.0, neginf=0.0))
+        return rec
+
+    def _learner_mean(self, v: torch.Tensor) -> torch.Tensor:
+        """An info value per env [N]: per-slot values [N, A] averaged over the learner's slots."""
+        v = v.float().reshape(self.N, -1)
+        if v.shape[1] == self.A and self.A > 1:
+            return (v * self.learner).sum(-1) / self.learner.sum()
+        return v.mean(-1)
+
+    # -- advantages ------------------------------------------------------------------------------
+    def advantages(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(advantages, returns) [T, N, A] of the last rollout, by the boundary table."""
+        b, cfg = self.buf, self.cfg
+        with self.timer.phase("gae"):
+            return compute_gae(b["rewards"], b["values"], b["next_values"], b["terminated"], b["truncated"], cfg.gamma,
+                               cfg.gae_lambda, active=b["active"], trial_end=b["trial_end"], trial_bootstrap=cfg.trial_bootstrap)
+
+    # -- state -----------------------------------------------------------------------------------
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """The envs in play, their records, episode counters and memory (keys as checkpoints store them)."""
+        out = {f"env.{k}": v for k, v in self.env.state_dict().items()}
+        rec = self.record
+        out["record.obs"], out["record.active"] = rec.obs, rec.active
+        if rec.state is not None:
+            out["record.state"] = rec.state
+        out.update({f"trainer.{k}": v for k, v in self.counters.state_tensors().items()})
+        if self.model.recurrent:
+            out["trainer.prev_done"] = self.prev_done
+            for k in dataclasses.fields(self.memory):
+                out[f"memory.{k.name}"] = getattr(self.memory, k.name)
+        return out
+
+    def load_state(self, tensors: dict[str, torch.Tensor], section: Callable[[str], dict[str, torch.Tensor]]) -> None:
+        dev = self.device
+        self.env.load_state_dict(section("env"))
+        rec = self.record
+        rec.obs = tensors["record.obs"].to(dev)
+        rec.active = tensors["record.active"].to(dev)
+        if "record.state" in tensors:
+            rec.state = tensors["record.state"].to(dev)
+        self.counters.load_state(section("trainer"))
+        if self.model.recurrent:
+            self.prev_done = tensors["trainer.prev_done"].to(dev)
+            self.memory = type(self.memory)(**{k.name: tensors[f"memory.{k.name}"].to(dev) for k in dataclasses.fields(self.memory)})

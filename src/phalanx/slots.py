@@ -1,0 +1,62 @@
+"""Slot control: which agent slots learn, and the one way other controllers' actions fill the rest.
+
+Teammates (config key `teammates`: scripted names or `run:RUN_DIR` frozen policies for the last slots)
+and league opponents (the last `num_agents // 2` slots) both replace some slots' actions with
+`fill_slots`; so does evaluation against scripted teams and opponents.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from phalanx.envs.base import StepRecord, VecEnv
+from phalanx.errors import ConfigError
+from phalanx.policy import Policy, load
+
+
+def fill_slots(actions: torch.Tensor, where: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """`actions` [N, A, *act] with `other` in the slots where `where` holds: [A] (every env) or
+    [N, A] (per env)."""
+    lead = where.reshape(1, -1) if where.dim() == 1 else where
+    m = lead.reshape(*lead.shape, *([1] * (actions.dim() - 2)))
+    return torch.where(m, other.to(actions.dtype), actions)
+
+
+def opponent_slots(num_agents: int, device: torch.device | str) -> torch.Tensor:
+    """[A] bool: the opponent's side in two-sided play (the last A // 2 slots)."""
+    if num_agents < 2:
+        raise ConfigError("config key 'opponents' needs an env with at least 2 agent slots (one per side)")
+    return torch.arange(num_agents, device=device) >= num_agents - num_agents // 2
+
+
+def parse_teammates(teammates: str, env: VecEnv) -> list[str]:
+    """Per-slot controller names: '' for learner slots, else a scripted name or run:DIR."""
+    names = [t.strip() for t in teammates.split(",") if t.strip()]
+    if len(names) >= env.num_agents:
+        raise ConfigError(
+            f"config key 'teammates' names {len(names)} slots but env '{env.name}' has {env.num_agents}; leave at least one learner"
+        )
+    for n in names:
+        if not n.startswith("run:") and n not in env.scripted_names:
+            allowed = ", ".join(env.scripted_names) or "none"
+            raise ConfigError(f"config key 'teammates' has unknown policy '{n}'; allowed: {allowed}, or run:RUN_DIR")
+    return [""] * (env.num_agents - len(names)) + names
+
+
+class Teammates:
+    """Fills the non-learner slots' actions from scripted policies or frozen trained policies."""
+
+    def __init__(self, slots: list[str], env: VecEnv, device: torch.device):
+        self.env = env
+        self.learner = torch.tensor([s == "" for s in slots], device=device)
+        self.groups: list[tuple[str, torch.Tensor, Policy | None]] = []
+        for name in dict.fromkeys(s for s in slots if s):
+            mask = torch.tensor([s == name for s in slots], device=device)
+            frozen = load(name[4:], device=str(device)) if name.startswith("run:") else None
+            self.groups.append((name, mask, frozen))
+
+    def fill(self, actions: torch.Tensor, record: StepRecord, generator: torch.Generator) -> torch.Tensor:
+        for name, mask, frozen in self.groups:
+            other = frozen.act(record.obs, greedy=False, generator=generator) if frozen else self.env.scripted_actions(name, record, generator)
+            actions = fill_slots(actions, mask, other)
+        return actions

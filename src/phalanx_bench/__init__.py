@@ -1,0 +1,1 @@
+"""`phalanx bench`: Phalanx's benchmarks, kept out of the library (a `phalanx.commands` plugin)."""
