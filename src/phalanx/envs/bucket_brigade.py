@@ -72,10 +72,12 @@ thing and do another), and the remaining parameters are carried for mixed-team e
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
+from phalanx.envs import draw
 from phalanx.envs.base import StepRecord, VecEnv, generator_state, set_generator_state
 from phalanx.envs.registry import EnvOption, EnvSpec, register
 from phalanx.envs.spaces import Box, MultiDiscrete
@@ -445,10 +447,6 @@ class BucketBrigadeEnv(VecEnv):
         in its colour inside the ring at the house it stands at (last night's location): filled with a
         black rim when it WORKed last night, hollow when it RESTed. The bar at the bottom is the night
         out of `max_nights`."""
-        import math
-
-        from phalanx.envs import draw
-
         w, h, cx, cy, radius = 240, 256, 120.0, 120.0, 92.0
         houses = self.houses[env_index].tolist()
         signals = self.signals[env_index].tolist()

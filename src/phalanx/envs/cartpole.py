@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from phalanx.envs import draw
 from phalanx.envs.base import StepRecord, VecEnv, generator_state, set_generator_state
 from phalanx.envs.registry import EnvOption, EnvSpec, register
 from phalanx.envs.spaces import Box, Discrete
@@ -173,8 +174,6 @@ class CartPoleEnv(ClassicEnv):
 
         The track spans 1.2 x the +-2.4 termination bounds (red ticks); the bar at the bottom is
         the time used of the step limit."""
-        from phalanx.envs import draw
-
         w, h, track_y = 320, 200, 150.0
         scale = w / (2 * X_THRESHOLD * 1.2)
         x, _, theta, _ = self.physics_state[env_index].tolist()

@@ -87,6 +87,7 @@ from __future__ import annotations
 
 import torch
 
+from phalanx.envs import draw
 from phalanx.envs.base import StepRecord, VecEnv, generator_state, set_generator_state
 from phalanx.envs.registry import EnvOption, EnvSpec, register
 from phalanx.envs.spaces import Box, MultiDiscrete
@@ -668,8 +669,6 @@ class DuelEnv(VecEnv):
         fighters as 0.8 x 1.0 boxes with an eye on the facing side (paler when stunned, faint when
         dodging, not drawn while KO'd), a started move's hitbox (yellow while active, faint before
         and after), and the weapon as a gold square (lying, flying with a trail, or in a hand)."""
-        from phalanx.envs import draw
-
         scale, hud = 11.0, 24
         w, h = int(2 * BOUND_X * scale), hud + int(2 * BOUND_Y * scale)
         st = {k: v[env_index].tolist() for k, v in self.st.items() if k not in ("ep_terms",)}

@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from phalanx.envs import draw
 from phalanx.envs.cartpole import ClassicEnv
 from phalanx.envs.registry import EnvOption, EnvSpec, register
 from phalanx.envs.spaces import Box
@@ -68,8 +69,6 @@ class PendulumEnv(ClassicEnv):
         The rod hangs from the centre (theta = 0 points up; positive theta is counter-clockwise, as in
         gymnasium); the signed bar below it is the angular velocity (full at +-8), the thin bar at the
         bottom the time used of the step limit."""
-        from phalanx.envs import draw
-
         size, cx, cy, rod = 200, 100.0, 90.0, 70.0
         th, thdot = self.physics_state[env_index].tolist()
         img = draw.canvas(size, size, (255, 255, 255))

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from phalanx.envs.base import StepRecord, VecEnv
+from phalanx.envs.gym_adapter import _map_action_space, _map_obs_space
 from phalanx.envs.registry import register_prefix
 from phalanx.envs.spaces import Box, Discrete, MultiDiscrete, Space
 from phalanx.errors import ConfigError
@@ -297,8 +298,6 @@ class PettingZooVecEnv(VecEnv):
         self.num_agents = len(self.agent_names)
         self._slot = {a: j for j, a in enumerate(self.agent_names)}
         self._check_shared_spaces(first, rest)
-        from phalanx.envs.gym_adapter import _map_action_space, _map_obs_space
-
         self._single_obs = first.observation_space(self.agent_names[0])
         self._single_act = first.action_space(self.agent_names[0])
         self.observation_space, self._flatten = _map_obs_space(self._single_obs)

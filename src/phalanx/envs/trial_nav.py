@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import torch
 
+from phalanx.envs import draw
 from phalanx.envs.base import StepRecord, VecEnv
 from phalanx.envs.registry import EnvOption, EnvSpec, register
 from phalanx.envs.spaces import Box, Discrete
@@ -297,8 +298,6 @@ class TrialNavWorld(VecEnv):
         Walls dark, floor light; the exits tan, the goal exit green (the egos cannot see which);
         co-players dark red diamonds on a faint line along their patrol; egos discs in their slot
         colours (several on one cell share it), a parked ego (on the goal) with a gold rim."""
-        from phalanx.envs import draw
-
         cell = 32
         size = GRID * cell
         img = draw.canvas(size, size, (80, 82, 92))

@@ -65,6 +65,7 @@ from typing import Protocol
 
 import torch
 
+from phalanx.envs import draw
 from phalanx.envs.base import StepRecord, VecEnv, generator_state, set_generator_state
 from phalanx.envs.spaces import Box
 from phalanx.errors import ConfigError
@@ -285,8 +286,6 @@ class MultiTrialEnv(VecEnv):
         """The inner env's `render(env_index)` with a 20-px strip below it: one box per trial, past
         trials shaded red (no slot succeeded) to green (all did), the current one outlined with the
         time used of `max_trial_steps`, later ones grey. uint8 [H + 20, W, 3] on the CPU."""
-        from phalanx.envs import draw
-
         inner_render = getattr(self.inner, "render", None)
         if not callable(inner_render):
             raise NotImplementedError(f"{type(self.inner).__name__} cannot render")

@@ -292,7 +292,7 @@ class League:
     def state_tensors(self) -> dict[str, torch.Tensor]:
         out = {"league.assign": self.assign, "league.reset_next": self.reset_next}
         for i, o in enumerate(self.opponents):
-            mem = getattr(o.policy, "memory", None) if o.policy is not None else None
+            mem = o.policy.memory if o.policy is not None else None
             if mem is not None:
                 for f in dataclasses.fields(mem):
                     out[f"league.memory.{i}.{f.name}"] = getattr(mem, f.name)
