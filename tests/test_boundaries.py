@@ -14,7 +14,7 @@ import torch
 from gae_reference import forward_reference
 
 import phalanx
-from phalanx.algo import PPOBatch, PPOParams, compute_gae, ppo_update
+from phalanx.algo import PPOBatch, PPOParams, compute_gae, minibatch_step, ppo_update
 from phalanx.config import resolve
 from phalanx.distributed import Dist
 from phalanx.envs import registry
@@ -157,8 +157,8 @@ def test_minibatch_remainder_is_spread_not_dropped():
         return lp, ent, model.value(part.critic_obs)
 
     params = list(model.parameters())
-    ppo_update(evaluate, params, torch.optim.Adam(params), batch, PPOParams(num_epochs=3, num_minibatches=M),
-               generator=torch.Generator().manual_seed(1))
+    hp = PPOParams(num_epochs=3, num_minibatches=M)
+    ppo_update(minibatch_step(evaluate, model, torch.optim.Adam(params), hp), batch, hp, generator=torch.Generator().manual_seed(1))
     assert len(seen) == 3 * M
     assert sorted(len(s) for s in seen[:M]) == [6, 6, 7, 7]
     for e in range(3):
@@ -171,13 +171,13 @@ def test_recurrent_update_trains_every_segment(tmp_path):
     trainer = Trainer(cfg)
     try:
         rows: list[list[int]] = []
-        inner = trainer._evaluate_fn
+        inner = trainer._step
 
         def spy(part):
             rows.append(part.rows.tolist())
             return inner(part)
 
-        trainer._evaluate_fn = spy
+        trainer._step = spy
         trainer.collect()
         trainer.update()
         assert len(rows) == 2 * 4

@@ -43,3 +43,33 @@ def test_compiled_matches_eager_and_does_not_recompile(tmp_path):
 def test_compile_refuses_memory_models(tmp_path):
     with pytest.raises(ConfigError, match="'compile'"):
         phalanx.train(run_dir=tmp_path / "r", model="lstm", compile=True, **CFG)
+
+
+FULLGRAPH = {
+    "mlp": dict(env="cartpole"),
+    "cnn": dict(env="pixel_goal", cnn_channels=[4, 8, 8], cnn_dense=16),
+    "role_attention": dict(env="drone_swarm", tf_width=16, hidden_sizes=[16]),
+}
+
+
+@pytest.mark.parametrize("model", sorted(FULLGRAPH))
+def test_update_step_is_one_graph_and_never_recompiles(tmp_path, model):
+    """The minibatch update step (forward, losses, gradients, clip, Adam) of every feed-forward model is
+    captured whole by torch.compile(fullgraph=True) (a graph break would raise) and reused after warm-up."""
+    torch._dynamo.reset()
+    cfg = resolve(dict(FULLGRAPH[model], model=model, num_envs=4, num_steps=8, num_epochs=2, num_minibatches=2,
+                       progress=False, tensorboard=False, run_dir=str(tmp_path / model)))
+    t = Trainer(cfg)
+    try:
+        t._step = torch.compile(t._step, fullgraph=True, dynamic=False, backend="aot_eager")
+        before = [p.detach().clone() for p in t.model.parameters()]
+        t.collect()
+        t.update()
+        assert any(not torch.equal(b, p) for b, p in zip(before, t.model.parameters()))
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            for _ in range(2):
+                t.collect()
+                metrics = t.update()
+        assert all(torch.isfinite(v) for v in metrics.values())
+    finally:
+        t.close()

@@ -10,7 +10,6 @@ as `rank<r>.<key>` tensors. Backend: NCCL on CUDA, gloo on CPU.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 
 import torch
 import torch.distributed as dist
@@ -69,23 +68,14 @@ class Dist:
                 dist.broadcast(t, 0)
 
     @torch.no_grad()
-    def average_grads(self, params: Iterable[nn.Parameter]) -> None:
-        """Mean gradient over ranks, with one flat all-reduce."""
+    def average_grads(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Mean gradients over ranks, with one flat all-reduce."""
         if not self.enabled:
-            return
-        params = list(params)
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+            return grads
         flat = torch.cat([g.reshape(-1) for g in grads])
         dist.all_reduce(flat)
         flat /= self.world
-        offset = 0
-        for p, g in zip(params, grads):
-            n = g.numel()
-            if p.grad is None:
-                p.grad = flat[offset:offset + n].view_as(p).clone()
-            else:
-                p.grad.copy_(flat[offset:offset + n].view_as(p))
-            offset += n
+        return [part.view_as(g) for part, g in zip(flat.split([g.numel() for g in grads]), grads)]
 
     def mean(self, t: torch.Tensor) -> torch.Tensor:
         if not self.enabled:

@@ -25,7 +25,7 @@ from safetensors.torch import save_file
 
 from phalanx import checkpoint as ckpt
 from phalanx import runs
-from phalanx.algo import Normalizers, PPOBatch, PPOParams, ppo_update
+from phalanx.algo import Normalizers, PPOBatch, PPOParams, minibatch_step, ppo_update
 from phalanx.config import Config, load_file, resolve
 from phalanx.distributed import Dist
 from phalanx.envs import make
@@ -136,9 +136,11 @@ class Trainer:
             self.model = build_model(cfg, self.env).to(self.device)
         self.dist.broadcast_module(self.model)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        # One fused kernel per step on CUDA; the multi-tensor (foreach) path elsewhere.
-        fused = self.device.type == "cuda"
-        self.optimizer = torch.optim.Adam(self.params, lr=cfg.lr, eps=cfg.adam_eps, fused=fused, foreach=not fused)
+        # The learning rate is a device tensor changed in place, and the update runs torch's Adam in its
+        # capturable functional form (see algo.ppo.minibatch_step): nothing in the step needs a host value.
+        self.lr = cfg.lr
+        self.optimizer = torch.optim.Adam(self.params, lr=torch.tensor(cfg.lr, device=self.device), eps=cfg.adam_eps,
+                                          foreach=True, capturable=True)
         self.hp = ppo_params(cfg)
         self._amp = (partial(torch.autocast, device_type=self.device.type, dtype=torch.bfloat16)
                      if cfg.precision == "bf16" else contextlib.nullcontext)
@@ -160,11 +162,13 @@ class Trainer:
         if cfg.compile and self.model.recurrent:
             raise ConfigError("config key 'compile' supports feed-forward models (mlp, cnn, role_attention) for now")
         act = None if self.model.recurrent else self.model.act
-        self._evaluate_fn = self._evaluate
+        self._step = minibatch_step(self._evaluate, self.model, self.optimizer, self.hp,
+                                    sync_grads=self.dist.average_grads if self.dist.enabled else None)
         if cfg.compile:
-            # Shapes are fixed for the whole run (num_envs, minibatch size), so each compiles once.
+            # Shapes are fixed for the whole run (num_envs, minibatch sizes), so each compiles once (twice
+            # where a remainder makes two minibatch sizes); the update step is captured whole.
             act = torch.compile(self.model.act, dynamic=False)
-            self._evaluate_fn = torch.compile(self._evaluate, dynamic=False)
+            self._step = torch.compile(self._step, fullgraph=True, dynamic=False)
         self.timer = PhaseTimer(self.device)
         self.rollout = Rollout(cfg, self.env, self.model, self.norms, self.learner, self.gen, act, self._amp, self.timer,
                                self.teammates, self.league, seed=self.env_seed, announce=cfg.progress)
@@ -221,16 +225,15 @@ class Trainer:
                 ret = self.norms.value.normalize(ret)
             batch = ppo_batch(b, adv, ret, values, self.model.recurrent, self.update_slots)
             if cfg.anneal_lr:
-                frac = 1.0 - self.update_idx / max(1, self.num_updates)
-                for g in self.optimizer.param_groups:
-                    g["lr"] = cfg.lr * frac
-            metrics = ppo_update(
-                self._evaluate_fn, self.params, self.optimizer, batch, self.hp, generator=self.gen,
-                sync_grads=(lambda: self.dist.average_grads(self.params)) if self.dist.enabled else None,
-                sync_mean=self.dist.mean if self.dist.enabled else None,
-            )
+                self.set_lr(cfg.lr * (1.0 - self.update_idx / max(1, self.num_updates)))
+            metrics = ppo_update(self._step, batch, self.hp, generator=self.gen,
+                                 sync_mean=self.dist.mean if self.dist.enabled else None)
         self._last_batch = batch
         return metrics
+
+    def set_lr(self, lr: float) -> None:
+        self.lr = lr
+        self.optimizer.param_groups[0]["lr"].fill_(lr)
 
     @property
     def num_updates(self) -> int:
@@ -314,7 +317,7 @@ class Trainer:
                     f"env '{cfg.env}' returned {int(env_bad)} NaN or infinite values (observations, states or "
                     f"rewards), first at rollout step {int(first_bad)} of update {self.update_idx} (about step "
                     f"{step}); batch and config saved to '{where}'; set nonfinite_env=zero to replace them with 0")
-        row["lr"] = self.optimizer.param_groups[0]["lr"]
+        row["lr"] = self.lr
         row["sps"] = self.steps_per_update / seconds
         row["time"] = time.time()
         if nonfinite > 0 or not all(math.isfinite(v) for v in values.values()):
@@ -363,7 +366,7 @@ class Trainer:
             "update": self.update_idx,
             "config": self.cfg.to_dict(),
             "model_shapes": {k: list(v.shape) for k, v in self.model.state_dict().items()},
-            "lr": [g["lr"] for g in self.optimizer.param_groups],
+            "lr": [self.lr],
             "recent_returns": self.recent_returns,
             "python_rng": [py_state[0], list(py_state[1]), py_state[2]],
             "numpy_rng": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
@@ -400,9 +403,9 @@ class Trainer:
         for i, p in enumerate(self.params):
             st = ckpt.section(state_t, f"optim.{i}")
             if st:
-                self.optimizer.state[p] = {k: (v if k == "step" else v.to(dev)) for k, v in st.items()}
-        for g, lr in zip(self.optimizer.param_groups, meta["lr"]):
-            g["lr"] = lr
+                self.optimizer.state[p] = {k: v.to(device=dev, dtype=torch.float32 if k == "step" else v.dtype)
+                                           for k, v in st.items()}
+        self.set_lr(float(meta["lr"][0]))
         self.norms.load_state_dict(ckpt.section(state_t, "norms", dev))
         self.rollout.load_state(state_t, partial(ckpt.section, state_t))
         if self.league is not None:

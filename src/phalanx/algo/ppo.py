@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.optim.adam import adam
 
 
 @dataclass(frozen=True)
@@ -114,29 +115,111 @@ def explained_variance(pred: torch.Tensor, target: torch.Tensor, mask: torch.Ten
 
 
 EvaluateFn = Callable[[PPOBatch], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+StepFn = Callable[[PPOBatch], dict[str, torch.Tensor]]
+
+
+class _Forward(nn.Module):
+    """`evaluate` with the model it reads registered as a submodule, so that `functional_call` can run
+    it on the parameters given to it."""
+
+    def __init__(self, model: nn.Module, evaluate: EvaluateFn):
+        super().__init__()
+        self.model = model
+        self._evaluate = evaluate
+
+    def forward(self, part: PPOBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self._evaluate(part)
+
+
+def adam_state(optimizer: torch.optim.Adam) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """The optimizer's moments and step counts (created where missing), as the lists the functional Adam
+    updates in place; the step counts are device tensors, so the update needs no host value."""
+    params = optimizer.param_groups[0]["params"]
+    for p in params:
+        st = optimizer.state[p]
+        if not st:
+            st.update(step=torch.zeros((), dtype=torch.float32, device=p.device),
+                      exp_avg=torch.zeros_like(p, memory_format=torch.preserve_format),
+                      exp_avg_sq=torch.zeros_like(p, memory_format=torch.preserve_format))
+        elif not torch.is_tensor(st["step"]) or st["step"].device != p.device:
+            st["step"] = torch.as_tensor(st["step"], dtype=torch.float32, device=p.device)
+    return ([optimizer.state[p]["exp_avg"] for p in params], [optimizer.state[p]["exp_avg_sq"] for p in params],
+            [optimizer.state[p]["step"] for p in params])
+
+
+def minibatch_step(
+    evaluate: EvaluateFn,
+    model: nn.Module,
+    optimizer: torch.optim.Adam,
+    hp: PPOParams,
+    sync_grads: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None = None,
+) -> StepFn:
+    """The update of one minibatch as one function of it: forward and losses, gradients by
+    `torch.func.grad`, the global-norm clip and torch's Adam in its functional form, updating the
+    model's parameters and the optimizer's state in place. Tensor operations only, so
+    `torch.compile(..., fullgraph=True)` captures it whole (and a CUDA graph can replay it).
+
+    `evaluate(part)` runs `model` on a minibatch -> (log-prob, entropy, value). Returns the losses'
+    metrics, the unclipped gradient norm and `nonfinite` (1 if the loss was not finite)."""
+    if not isinstance(optimizer, torch.optim.Adam) or len(optimizer.param_groups) != 1:
+        raise TypeError("minibatch_step takes a torch.optim.Adam with one parameter group")
+    params = optimizer.param_groups[0]["params"]
+    names = {id(p): f"model.{n}" for n, p in model.named_parameters()}
+    keys = [names[id(p)] for p in params]
+    forward = _Forward(model, evaluate)
+
+    def loss_of(tensors: list[torch.Tensor], part: PPOBatch):
+        logp, ent, value = torch.func.functional_call(forward, dict(zip(keys, tensors)), (part,))
+        loss, metrics = ppo_losses(logp, ent, value, part, hp)
+        return loss, (loss.detach(), metrics)
+
+    gradients = torch.func.grad(loss_of, has_aux=True)
+
+    def step(part: PPOBatch) -> dict[str, torch.Tensor]:
+        grads, (loss, metrics) = gradients(params, part)
+        if sync_grads is not None:
+            grads = sync_grads(grads)
+        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+        grads = torch._foreach_mul(grads, (hp.max_grad_norm / (norm + 1e-6)).clamp(max=1.0))
+        # Read at each step: restoring a checkpoint (or load_state_dict) replaces the state's tensors.
+        group = optimizer.param_groups[0]
+        exp_avgs, exp_avg_sqs, steps = adam_state(optimizer)
+        beta1, beta2 = group["betas"]
+        # Torch's eager Adam is capturable (all tensors, no host value) only on accelerators; on the CPU
+        # eagerly it takes the learning rate as a number, which costs nothing to read there.
+        capturable = params[0].device.type != "cpu" or torch.compiler.is_compiling()
+        lr = group["lr"]
+        if not capturable and torch.is_tensor(lr):
+            lr = float(lr)
+        with torch.no_grad():
+            adam(
+                params, grads, exp_avgs, exp_avg_sqs, [], steps, foreach=True, capturable=capturable, amsgrad=False,
+                beta1=beta1, beta2=beta2, lr=lr, weight_decay=group["weight_decay"], eps=group["eps"], maximize=False,
+            )
+        metrics["grad_norm"] = norm.detach()
+        metrics["nonfinite"] = (~torch.isfinite(loss)).float()
+        return metrics
+
+    return step
 
 
 def ppo_update(
-    evaluate: EvaluateFn,
-    params: list[nn.Parameter],
-    optimizer: torch.optim.Optimizer,
+    step: StepFn,
     batch: PPOBatch,
     hp: PPOParams,
     *,
     generator: torch.Generator | None = None,
-    sync_grads: Callable[[], None] | None = None,
     sync_mean: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Epochs of shuffled minibatch steps; returns mean metrics as 0-d tensors (no host sync
-    unless `hp.target_kl` is set, which reads approx-KL once per epoch).
+    """Epochs of shuffled minibatch steps (`step`, from `minibatch_step`); returns mean metrics as
+    0-d tensors (no host sync unless `hp.target_kl` is set, which reads approx-KL once per epoch).
 
-    Data-parallel training passes `sync_grads` (average the gradients across processes before each
-    step) and `sync_mean` (so every process takes the same early-stopping decision)."""
+    Data-parallel training passes `sync_mean`, so that every process takes the same early-stopping
+    decision (and averages gradients in its step)."""
     size = len(batch)
     parts = min(hp.num_minibatches, size)
     device = batch.logprobs.device
     sums: dict[str, torch.Tensor] = {}
-    nonfinite = torch.zeros((), device=device)
     steps = 0
     epochs_done = 0
     for _ in range(hp.num_epochs):
@@ -144,18 +227,9 @@ def ppo_update(
         kl_epoch = torch.zeros((), device=device)
         # Every sample in every epoch: a remainder is spread one row each over the first minibatches.
         for idx in perm.tensor_split(parts):
-            part = batch.index(idx)
-            new_logp, ent, new_v = evaluate(part)
-            loss, metrics = ppo_losses(new_logp, ent, new_v, part, hp)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if sync_grads is not None:
-                sync_grads()
-            metrics["grad_norm"] = nn.utils.clip_grad_norm_(params, hp.max_grad_norm, foreach=True).detach()
-            optimizer.step()
+            metrics = step(batch.index(idx))
             for k, v in metrics.items():
                 sums[k] = sums[k] + v if k in sums else v
-            nonfinite += (~torch.isfinite(loss.detach())).float()
             kl_epoch += metrics["approx_kl"]
             steps += 1
         epochs_done += 1
@@ -164,7 +238,7 @@ def ppo_update(
         if hp.target_kl is not None and float(kl_epoch / parts) > hp.target_kl:
             break
     out = {k: v / max(steps, 1) for k, v in sums.items()}
-    out["nonfinite"] = nonfinite
+    out["nonfinite"] = sums["nonfinite"]
     out["epochs"] = torch.full((), epochs_done, dtype=torch.float32, device=device)
     out["explained_variance"] = explained_variance(batch.values, batch.returns, batch.mask)
     return out

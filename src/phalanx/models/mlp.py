@@ -16,10 +16,13 @@ class _SigmoidTanh(torch.autograd.Function):
     dominated the rollout (abs. difference from torch.tanh < 2e-7)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        y = torch.sigmoid(x * 2).mul_(2).sub_(1)
-        ctx.save_for_backward(y)
-        return y
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(x * 2).mul_(2).sub_(1)
+
+    @staticmethod
+    def setup_context(ctx, inputs: tuple[torch.Tensor], output: torch.Tensor) -> None:
+        # Kept apart from forward so torch.func transforms (the update's gradients) can use it.
+        ctx.save_for_backward(output)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:

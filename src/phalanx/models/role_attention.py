@@ -158,7 +158,8 @@ class RoleAttention(nn.Module):
         # Expanded to the full rank of `scores` so pooled_weights reads it as a per-pair mask.
         mask = pair.unsqueeze(-3).expand(scores.shape)
         w = pooled_weights(scores, self.key_pool, mask, self.masses, self.floor_pool, self.floor, self.temperature)
-        self.last_weights = w.detach()
+        if not torch.compiler.is_compiling():  # kept for inspection; a compiled graph has no side effects
+            self.last_weights = w.detach()
         ctx = (w @ split(v)).transpose(-2, -3).reshape(*lead, A, self.width)
         return e, ctx
 
