@@ -40,7 +40,7 @@ def losses(newlp, ent, newv, batch, clip_coef=0.2, vf_coef=0.5, ent_coef=0.0, **
 
 def update(evaluate, model, optimizer, batch, generator=None, **kw):
     hp = PPOParams(**kw)
-    return ppo_update(minibatch_step(evaluate, model, optimizer, hp), batch, hp, generator=generator)
+    return ppo_update(minibatch_step(evaluate, optimizer, hp), batch, hp, generator=generator)
 
 
 def t64(x) -> torch.Tensor:

@@ -158,7 +158,7 @@ def test_minibatch_remainder_is_spread_not_dropped():
 
     params = list(model.parameters())
     hp = PPOParams(num_epochs=3, num_minibatches=M)
-    ppo_update(minibatch_step(evaluate, model, torch.optim.Adam(params), hp), batch, hp, generator=torch.Generator().manual_seed(1))
+    ppo_update(minibatch_step(evaluate, torch.optim.Adam(params), hp), batch, hp, generator=torch.Generator().manual_seed(1))
     assert len(seen) == 3 * M
     assert sorted(len(s) for s in seen[:M]) == [6, 6, 7, 7]
     for e in range(3):

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import phalanx
+from phalanx.algo import compile_step
 from phalanx.config import resolve
 from phalanx.errors import ConfigError
 from phalanx.trainer import Trainer
@@ -61,7 +62,7 @@ def test_update_step_is_one_graph_and_never_recompiles(tmp_path, model):
                        progress=False, tensorboard=False, run_dir=str(tmp_path / model)))
     t = Trainer(cfg)
     try:
-        t._step = torch.compile(t._step, fullgraph=True, dynamic=False, backend="aot_eager")
+        t._step = compile_step(t._step, dynamic=False, backend="aot_eager")
         before = [p.detach().clone() for p in t.model.parameters()]
         t.collect()
         t.update()

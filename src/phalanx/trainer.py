@@ -25,7 +25,7 @@ from safetensors.torch import save_file
 
 from phalanx import checkpoint as ckpt
 from phalanx import runs
-from phalanx.algo import Normalizers, PPOBatch, PPOParams, minibatch_step, ppo_update
+from phalanx.algo import Normalizers, PPOBatch, PPOParams, compile_step, minibatch_step, ppo_update
 from phalanx.config import Config, load_file, resolve
 from phalanx.distributed import Dist
 from phalanx.envs import make
@@ -162,13 +162,13 @@ class Trainer:
         if cfg.compile and self.model.recurrent:
             raise ConfigError("config key 'compile' supports feed-forward models (mlp, cnn, role_attention) for now")
         act = None if self.model.recurrent else self.model.act
-        self._step = minibatch_step(self._evaluate, self.model, self.optimizer, self.hp,
+        self._step = minibatch_step(self._evaluate, self.optimizer, self.hp,
                                     sync_grads=self.dist.average_grads if self.dist.enabled else None)
         if cfg.compile:
             # Shapes are fixed for the whole run (num_envs, minibatch sizes), so each compiles once (twice
             # where a remainder makes two minibatch sizes); the update step is captured whole.
             act = torch.compile(self.model.act, dynamic=False)
-            self._step = torch.compile(self._step, fullgraph=True, dynamic=False)
+            self._step = compile_step(self._step, dynamic=False)
         self.timer = PhaseTimer(self.device)
         self.rollout = Rollout(cfg, self.env, self.model, self.norms, self.learner, self.gen, act, self._amp, self.timer,
                                self.teammates, self.league, seed=self.env_seed, announce=cfg.progress)

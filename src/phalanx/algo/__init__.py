@@ -2,9 +2,18 @@
 
 from phalanx.algo.gae import compute_gae
 from phalanx.algo.normalize import Normalizers, RewardScaler, RunningMeanStd
-from phalanx.algo.ppo import PPOBatch, PPOParams, explained_variance, masked_mean, minibatch_step, ppo_losses, ppo_update
+from phalanx.algo.ppo import (
+    PPOBatch,
+    PPOParams,
+    compile_step,
+    explained_variance,
+    masked_mean,
+    minibatch_step,
+    ppo_losses,
+    ppo_update,
+)
 
 __all__ = [
     "Normalizers", "PPOBatch", "PPOParams", "RewardScaler", "RunningMeanStd", "compute_gae", "explained_variance",
-    "masked_mean", "minibatch_step", "ppo_losses", "ppo_update",
+    "compile_step", "masked_mean", "minibatch_step", "ppo_losses", "ppo_update",
 ]

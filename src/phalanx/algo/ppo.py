@@ -6,7 +6,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 from torch.optim.adam import adam
 
 
@@ -118,19 +117,6 @@ EvaluateFn = Callable[[PPOBatch], tuple[torch.Tensor, torch.Tensor, torch.Tensor
 StepFn = Callable[[PPOBatch], dict[str, torch.Tensor]]
 
 
-class _Forward(nn.Module):
-    """`evaluate` with the model it reads registered as a submodule, so that `functional_call` can run
-    it on the parameters given to it."""
-
-    def __init__(self, model: nn.Module, evaluate: EvaluateFn):
-        super().__init__()
-        self.model = model
-        self._evaluate = evaluate
-
-    def forward(self, part: PPOBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self._evaluate(part)
-
-
 def adam_state(optimizer: torch.optim.Adam) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
     """The optimizer's moments and step counts (created where missing), as the lists the functional Adam
     updates in place; the step counts are device tensors, so the update needs no host value."""
@@ -149,34 +135,26 @@ def adam_state(optimizer: torch.optim.Adam) -> tuple[list[torch.Tensor], list[to
 
 def minibatch_step(
     evaluate: EvaluateFn,
-    model: nn.Module,
     optimizer: torch.optim.Adam,
     hp: PPOParams,
     sync_grads: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None = None,
 ) -> StepFn:
-    """The update of one minibatch as one function of it: forward and losses, gradients by
-    `torch.func.grad`, the global-norm clip and torch's Adam in its functional form, updating the
-    model's parameters and the optimizer's state in place. Tensor operations only, so
-    `torch.compile(..., fullgraph=True)` captures it whole (and a CUDA graph can replay it).
+    """The update of one minibatch as one function of it: forward and losses, `torch.autograd.grad`,
+    the global-norm clip and torch's Adam in its functional form, updating the parameters and the
+    optimizer's state in place. Tensor operations only (no `.grad` fields, no host values), so
+    `torch.compile(..., fullgraph=True)` captures it whole through `compile_step` (and a CUDA graph
+    can replay it).
 
-    `evaluate(part)` runs `model` on a minibatch -> (log-prob, entropy, value). Returns the losses'
+    `evaluate(part)` runs the model on a minibatch -> (log-prob, entropy, value). Returns the losses'
     metrics, the unclipped gradient norm and `nonfinite` (1 if the loss was not finite)."""
     if not isinstance(optimizer, torch.optim.Adam) or len(optimizer.param_groups) != 1:
         raise TypeError("minibatch_step takes a torch.optim.Adam with one parameter group")
     params = optimizer.param_groups[0]["params"]
-    names = {id(p): f"model.{n}" for n, p in model.named_parameters()}
-    keys = [names[id(p)] for p in params]
-    forward = _Forward(model, evaluate)
-
-    def loss_of(tensors: list[torch.Tensor], part: PPOBatch):
-        logp, ent, value = torch.func.functional_call(forward, dict(zip(keys, tensors)), (part,))
-        loss, metrics = ppo_losses(logp, ent, value, part, hp)
-        return loss, (loss.detach(), metrics)
-
-    gradients = torch.func.grad(loss_of, has_aux=True)
 
     def step(part: PPOBatch) -> dict[str, torch.Tensor]:
-        grads, (loss, metrics) = gradients(params, part)
+        logp, ent, value = evaluate(part)
+        loss, metrics = ppo_losses(logp, ent, value, part, hp)
+        grads = list(torch.autograd.grad(loss, params, allow_unused=True, materialize_grads=True))
         if sync_grads is not None:
             grads = sync_grads(grads)
         norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
@@ -197,10 +175,22 @@ def minibatch_step(
                 beta1=beta1, beta2=beta2, lr=lr, weight_decay=group["weight_decay"], eps=group["eps"], maximize=False,
             )
         metrics["grad_norm"] = norm.detach()
-        metrics["nonfinite"] = (~torch.isfinite(loss)).float()
+        metrics["nonfinite"] = (~torch.isfinite(loss.detach())).float()
         return metrics
 
     return step
+
+
+def compile_step(step: StepFn, **options) -> StepFn:
+    """`torch.compile(step, fullgraph=True)` with autograd calls traced into the graph (Dynamo leaves
+    them out by default); `options` go to torch.compile (backend, dynamic)."""
+    compiled = torch.compile(step, fullgraph=True, **options)
+
+    def run(part: PPOBatch) -> dict[str, torch.Tensor]:
+        with torch._dynamo.config.patch(trace_autograd_ops=True):
+            return compiled(part)
+
+    return run
 
 
 def ppo_update(
