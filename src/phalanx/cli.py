@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from phalanx import checkpoint as ckpt
+from phalanx import runs
 from phalanx.config import FIELDS, describe_keys, load_file
 from phalanx.envs import make, registered, registry
 from phalanx.errors import CheckpointError, PhalanxError
@@ -279,6 +280,7 @@ def plugin_commands() -> dict[str, EntryPoint]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    runs.tune_host_allocator()
     parser = _Parser(prog="phalanx", description="Phalanx: on-device PPO for single- and multi-agent environments.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _train_parser(sub)
