@@ -149,6 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="time budget of each measurement, after one warm-up iteration [2.5]")
     p.add_argument("--threads", type=_positive(int), default=None, help="torch CPU threads [torch's default]")
     p.add_argument("--device", default="cpu", help="torch device for phalanx and the reference [cpu]")
+    p.add_argument("--compile", action="store_true",
+                   help="cartpole: also measure the trainer with --compile (the update step as one graph); the "
+                        "first iteration, which compiles, is timed apart")
     p.add_argument("--no-ref", dest="ref", action="store_false",
                    help="cartpole: skip the minimal pure-torch PPO reference (bucket_brigade has none)")
     p.add_argument("--sb3", action="store_true",
@@ -239,9 +242,11 @@ def measure(
     """Calls `step` `warmup` times untimed, then in timed windows of ~0.25 s (at least one call each)
     until `seconds` have passed. `sps` is the fastest window (the least disturbed one), `mean_sps` the
     average over all windows, `others_busy` the share of the machine other processes used meanwhile."""
+    w0 = time.perf_counter()
     for _ in range(warmup):
         step()
     _sync(device)
+    warmup_seconds = time.perf_counter() - w0
     if _WAIT_IDLE > 0:
         wait_for_idle(_WAIT_IDLE)
     window = min(0.25, seconds)
@@ -268,7 +273,7 @@ def measure(
             break
     dt = time.perf_counter() - t0
     return {"sps": max(rates), "mean_sps": calls * steps_per_call / dt, "seconds": dt, "iterations": calls,
-            "windows": len(rates), "others_busy": mon.stop()}
+            "windows": len(rates), "others_busy": mon.stop(), "warmup_seconds": warmup_seconds}
 
 
 # -- phalanx measurements --------------------------------------------------------------------------
@@ -286,11 +291,11 @@ def bench_env(
         env.close()
 
 
-def phalanx_config(num_envs: int, num_steps: int, run_dir: str, threads: int | None, device: str):
+def phalanx_config(num_envs: int, num_steps: int, run_dir: str, threads: int | None, device: str, compile: bool = False):
     return resolve({
         "env": "cartpole", "num_envs": num_envs, "num_steps": num_steps, **PPO_SETTINGS,
         "tensorboard": False, "progress": False, "run_dir": run_dir, "total_steps": 10**12,
-        "torch_threads": threads or 0, "device": device, "seed": 1,
+        "torch_threads": threads or 0, "device": device, "seed": 1, "compile": compile,
     })
 
 
@@ -470,6 +475,17 @@ def run_cartpole(args: argparse.Namespace) -> dict[str, Any]:
         out["rows"].append(row)
         print(_line([str(n), _fmt(env["sps"]), _fmt(rollout["sps"]), _fmt(train["sps"]), _fmt(ref["sps"] if ref else None),
                      f"{ratio:.2f}x" if ratio else "-", _fmt_busy(row["others_busy"])]), flush=True)
+    if args.compile:
+        for row in out["rows"]:
+            n = row["num_envs"]
+            _, comp = bench_trainer(n, args.steps, args.seconds, args.threads, str(device),
+                                    config=partial(phalanx_config, compile=True), rollout=False)
+            row["train_compiled"] = comp
+            versus = [f"{comp['sps'] / row['train']['sps']:.2f}x eager"]
+            if row["ref_train"]:
+                versus.append(f"{comp['sps'] / row['ref_train']['sps']:.2f}x ref")
+            print(f"  --compile at {n} envs: train {_fmt(comp['sps'])} steps/s ({', '.join(versus)}); the first "
+                  f"iteration, which compiles, took {comp['warmup_seconds']:.1f} s", flush=True)
     _warn_busy(out["rows"])
     if args.sb3:
         best = max(out["rows"], key=lambda r: r["num_envs"])
