@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up .venv and runs the main job: a 4-agent bucket_brigade team learns to fight fires (about
-# 5 minutes on 2 CPU cores), then plays against every scripted archetype team and random play.
+# 7 minutes on 2 CPU cores), then plays against every scripted archetype team and random play.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
