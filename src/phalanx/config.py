@@ -114,7 +114,7 @@ class Config:
                             "with 0 and count them in env_nonfinite)", choices=("stop", "zero"))
     precision: str = _f("fp32", "bf16 runs the policy's forward passes under bfloat16 autocast (losses and optimizer stay "
                         "float32)", choices=("fp32", "bf16"))
-    compile: bool = _f(False, "compile the policy step and the update's forward with torch.compile (first updates are slow)")
+    compile: bool = _f(False, "torch.compile the rollout step (whole where the env is capturable, else the policy's act) and the update step (first updates are slow)")
     # Run.
     run_dir: str = _f("", "run directory (default: runs/<env>-<time>)")
     checkpoint_every: int = _f(0, "write a checkpoint every this many steps (0: every 10% of the run)", min=0)

@@ -42,7 +42,8 @@ class PhaseTimer:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
 
     def phase(self, name: str) -> contextlib.AbstractContextManager[None]:
-        return self._timed(name) if self.enabled else contextlib.nullcontext()
+        # Inside a captured graph there is no clock to read: a compiled rollout step counts as `collect`.
+        return self._timed(name) if self.enabled and not torch.compiler.is_compiling() else contextlib.nullcontext()
 
     def reset(self) -> None:
         self.seconds = dict.fromkeys(PHASES, 0.0)

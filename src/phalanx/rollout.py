@@ -6,6 +6,7 @@ The buffer owns what is known at collection time, including each step's bootstra
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import sys
@@ -17,6 +18,7 @@ import torch
 from phalanx import runs
 from phalanx.algo import Normalizers, compute_gae
 from phalanx.config import Config
+from phalanx.draws import Draws
 from phalanx.envs.base import StepRecord, VecEnv
 from phalanx.envs.spaces import Box
 from phalanx.episodes import EpisodeCounters
@@ -27,7 +29,7 @@ from phalanx.models.registry import obs_dim_of, state_dim_of
 from phalanx.profile import PhaseTimer
 from phalanx.slots import Teammates
 
-ActFn = Callable[[torch.Tensor, torch.Generator], tuple[torch.Tensor, torch.Tensor]]
+ActFn = Callable[[torch.Tensor, Draws], tuple[torch.Tensor, torch.Tensor]]
 
 
 def buffer_specs(cfg: Config, env: VecEnv, model: ActorCritic) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
@@ -88,6 +90,35 @@ class Rollout:
         # Which envs' final observations go through the critic: only the truncated ones (CPU, where
         # reading which they are costs nothing) or all of them (accelerators: no host sync). Same values.
         self.final_values_whole_batch = self.device.type != "cpu"
+        # Sampling draws from `generator` through `draws`, so a captured step can replay them.
+        self.draws, self.env_draws = Draws(generator), env.rng
+        self.info_keys: list[str] = []
+        self._captured: Callable | None = None
+        self._planned = False
+
+    @property
+    def capturable(self) -> bool:
+        """Whether `capture` can take the whole step: a feed-forward model, an env that declares it,
+        and no slots filled by other policies (teammates, the league: they run eagerly)."""
+        return self.env.capturable and not self.model.recurrent and self.teammates is None and self.league is None
+
+    def compile(self, backend: str = "inductor") -> None:
+        """--compile: the whole step captured where `capturable`, else the policy's act compiled alone."""
+        if self.capturable:
+            self.capture(backend)
+        elif self.act is not None:
+            self.act = torch.compile(self.act, dynamic=False, backend=backend)
+
+    def capture(self, backend: str = "inductor") -> None:
+        """Compile the rollout step whole (torch.compile fullgraph: a graph break raises). Its first call
+        runs eagerly and notes the random draws a step makes; later calls replay them in the graph."""
+        if not self.capturable:
+            raise ValueError("this rollout step cannot be captured whole (see Rollout.capturable)")
+        # The critic runs over every final observation: selecting the truncated rows is a host read.
+        self.final_values_whole_batch = True
+        self._t_index = [torch.tensor([t], device=self.device) for t in range(self.cfg.num_steps)]
+        self._captured = torch.compile(self._step, fullgraph=True, dynamic=False, backend=backend)
+        self._planned = False
 
     # -- observations and values -----------------------------------------------------------------
     def obs_in(self, obs: torch.Tensor, update: bool = False, mask: torch.Tensor | None = None,
@@ -145,96 +176,126 @@ class Rollout:
         with self.timer.phase("collect"):
             return self._collect()
 
-    def _collect(self) -> dict[str, torch.Tensor]:
-        b, rec, cfg, model = self.buf, self.record, self.cfg, self.model
+    def _new_stats(self) -> dict[str, torch.Tensor]:
         zero = lambda: torch.zeros((), device=self.device)  # noqa: E731
-        stats = {"ep_return_sum": zero(), "ep_length_sum": zero(), "episodes": zero(), "team_return_sum": zero(), "team_episodes": zero(),
-                 "env_nonfinite": zero(), "env_first_bad_step": torch.full((), -1.0, device=self.device)}
-        head, learner, counters = model.head, self.learner, self.counters
-        obs_n = self.obs_in(rec.obs)
+        stats = {"ep_return_sum": zero(), "ep_length_sum": zero(), "episodes": zero(), "team_return_sum": zero(),
+                 "team_episodes": zero(), "env_nonfinite": zero(), "env_first_bad_step": torch.full((), -1.0, device=self.device)}
+        # The env's info keys, known from its first step, so a captured step sees the same dict every time.
+        stats.update({f"info_{k}": zero() for k in self.info_keys})
+        return stats
+
+    def _collect(self) -> dict[str, torch.Tensor]:
+        b, model = self.buf, self.model
+        stats = self._new_stats()
+        obs_n = self.obs_in(self.record.obs)
         if model.recurrent:
             self.segment_start = self.memory.clone()
-        value = None if model.memory_critic else self.value(obs_n, rec.state)
-        for t in range(cfg.num_steps):
-            if model.recurrent:
-                b["resets"][t] = self.prev_done
-                b["env_active"][t] = rec.active
-                with self.timer.phase("policy_forward"), self.amp():
-                    action, logp, v_mem, self.memory = model.act_step(obs_n, self.memory, self.prev_done, rec.active, self.gen)
-                logp = logp.float()
-                if model.memory_critic:
-                    value = self.denorm(v_mem.float())
+        value = None if model.memory_critic else self.value(obs_n, self.record.state)
+        for t in range(self.cfg.num_steps):
+            if self._captured is not None and self._planned:
+                with self.draws.ahead(), self.env_draws.ahead() if self.env_draws is not None else contextlib.nullcontext():
+                    obs_n, value = self._captured(self._t_index[t], obs_n, value, stats)
+            elif self._captured is not None:
+                # The eager step before the first captured one notes what it draws (the plan replayed later).
+                with self.draws.recording(), self.env_draws.recording() if self.env_draws is not None else contextlib.nullcontext():
+                    obs_n, value = self._step(t, obs_n, value, stats)
+                self._planned = True
             else:
-                with self.timer.phase("policy_forward"), self.amp():
-                    action, logp = self.act(obs_n, self.gen)
-                logp = logp.float()
-            if self.teammates is not None:
-                with self.timer.phase("opponents"):
-                    action = self.teammates.fill(action, rec, self.gen)
-            if self.league is not None:
-                with self.timer.phase("opponents"):
-                    action = self.league.fill(action, rec)
-            acting = rec.active & learner
-            b["obs"][t] = obs_n
-            if "states" in b:
-                b["states"][t] = rec.state.reshape(self.N, -1)
-            b["actions"][t] = action
-            b["logprobs"][t] = logp
-            b["values"][t] = value
-            b["active"][t] = acting
-            prev_active = rec.active
-            with self.timer.phase("env_step"):
-                rec = self._checked(self.env.step(head.to_env(action)), t, stats)
-            next_n = self.obs_in(rec.obs, update=True, mask=rec.active & learner)
-            reward = rec.reward
-            done = rec.terminated | rec.truncated
-            if model.memory_critic:
-                # Until the last step, what follows is valued by the next step's act_step (same memory, no
-                # reset where the episode goes on): those entries are filled in after the loop.
-                ahead = self.value(next_n, None) if t == cfg.num_steps - 1 else torch.zeros_like(reward)
-                b["next_values"][t] = self.final_values(rec, ahead)
-            else:
-                value = self.value(next_n, rec.state)
-                b["next_values"][t] = self.final_values(rec, value)
-            if model.recurrent:
-                self.prev_done = done
-            env_done = counters.step(reward, done, prev_active)
-            agent_done = done & acting
-            stats["ep_return_sum"] += (counters.slot_return * agent_done).sum()
-            stats["ep_length_sum"] += (counters.slot_length * agent_done).sum()
-            stats["episodes"] += agent_done.sum()
-            stats["team_return_sum"] += (counters.team_return * env_done).sum()
-            stats["team_episodes"] += env_done.sum()
-            if self.league is not None:
-                sides = torch.stack([(counters.slot_return * learner).sum(-1), (counters.slot_return * ~learner).sum(-1)], -1)
-                self.league.after_step(rec, env_done, sides)
-            for k, v in rec.info.items():
-                if k in ("episode_return", "episode_length") and k != self.env.success_key:
-                    continue  # tracked above, per agent slot
-                key = f"info_{k}"
-                if key not in stats:
-                    stats[key] = zero()
-                stats[key] += (self._learner_mean(v) * env_done).sum()
-            counters.end_slots(done)
-            counters.end_envs(env_done)
-            if cfg.team_reward > 0:
-                w = cfg.team_reward
-                team = (reward * prev_active).sum(-1, keepdim=True) / prev_active.sum(-1, keepdim=True).clamp_min(1)
-                reward = (1 - w) * reward + w * team
-            if self.norms.reward is not None:
-                reward = self.norms.reward(reward, done, acting)
-            b["rewards"][t] = reward
-            b["terminated"][t] = rec.terminated
-            b["truncated"][t] = rec.truncated
-            b["trial_end"][t] = rec.trial_end
-            obs_n = next_n
+                obs_n, value = self._step(t, obs_n, value, stats)
         if model.memory_critic:
             nv = b["next_values"]
             nv[:-1] = torch.where(b["truncated"][:-1], nv[:-1], b["values"][1:])
-        self.record = rec
         return stats
 
-    def _checked(self, rec: StepRecord, t: int, stats: dict[str, torch.Tensor]) -> StepRecord:
+    def _step(self, t: int | torch.Tensor, obs_n: torch.Tensor, value: torch.Tensor | None,
+              stats: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One step of every env: act, step the envs, write buffers at row `t`, count episodes. Captured
+        whole by `capture` (then `t` is a [1] index tensor, so one graph serves every row)."""
+        rec, cfg, model = self.record, self.cfg, self.model
+        learner, counters = self.learner, self.counters
+        if model.recurrent:
+            self._write("resets", t, self.prev_done)
+            self._write("env_active", t, rec.active)
+            with self.timer.phase("policy_forward"), self.amp():
+                action, logp, v_mem, self.memory = model.act_step(obs_n, self.memory, self.prev_done, rec.active, self.draws)
+            logp = logp.float()
+            if model.memory_critic:
+                value = self.denorm(v_mem.float())
+        else:
+            with self.timer.phase("policy_forward"), self.amp():
+                action, logp = self.act(obs_n, self.draws)
+            logp = logp.float()
+        if self.teammates is not None:
+            with self.timer.phase("opponents"):
+                action = self.teammates.fill(action, rec, self.gen)
+        if self.league is not None:
+            with self.timer.phase("opponents"):
+                action = self.league.fill(action, rec)
+        acting = rec.active & learner
+        self._write("obs", t, obs_n)
+        if "states" in self.buf:
+            self._write("states", t, rec.state.reshape(self.N, -1))
+        self._write("actions", t, action)
+        self._write("logprobs", t, logp)
+        self._write("values", t, value)
+        self._write("active", t, acting)
+        prev_active = rec.active
+        with self.timer.phase("env_step"):
+            rec = self._checked(self.env.step(model.head.to_env(action)), t, stats)
+        next_n = self.obs_in(rec.obs, update=True, mask=rec.active & learner)
+        reward = rec.reward
+        done = rec.terminated | rec.truncated
+        if model.memory_critic:
+            # Until the last step, what follows is valued by the next step's act_step (same memory, no
+            # reset where the episode goes on): those entries are filled in after the loop.
+            ahead = self.value(next_n, None) if t == cfg.num_steps - 1 else torch.zeros_like(reward)
+            self._write("next_values", t, self.final_values(rec, ahead))
+        else:
+            value = self.value(next_n, rec.state)
+            self._write("next_values", t, self.final_values(rec, value))
+        if model.recurrent:
+            self.prev_done = done
+        env_done = counters.step(reward, done, prev_active)
+        agent_done = done & acting
+        stats["ep_return_sum"] += (counters.slot_return * agent_done).sum()
+        stats["ep_length_sum"] += (counters.slot_length * agent_done).sum()
+        stats["episodes"] += agent_done.sum()
+        stats["team_return_sum"] += (counters.team_return * env_done).sum()
+        stats["team_episodes"] += env_done.sum()
+        if self.league is not None:
+            sides = torch.stack([(counters.slot_return * learner).sum(-1), (counters.slot_return * ~learner).sum(-1)], -1)
+            self.league.after_step(rec, env_done, sides)
+        for k, v in rec.info.items():
+            if k in ("episode_return", "episode_length") and k != self.env.success_key:
+                continue  # tracked above, per agent slot
+            key = f"info_{k}"
+            if key not in stats:
+                self.info_keys.append(k)
+                stats[key] = torch.zeros((), device=self.device)
+            stats[key] += (self._learner_mean(v) * env_done).sum()
+        counters.end_slots(done)
+        counters.end_envs(env_done)
+        if cfg.team_reward > 0:
+            w = cfg.team_reward
+            team = (reward * prev_active).sum(-1, keepdim=True) / prev_active.sum(-1, keepdim=True).clamp_min(1)
+            reward = (1 - w) * reward + w * team
+        if self.norms.reward is not None:
+            reward = self.norms.reward(reward, done, acting)
+        self._write("rewards", t, reward)
+        self._write("terminated", t, rec.terminated)
+        self._write("truncated", t, rec.truncated)
+        self._write("trial_end", t, rec.trial_end)
+        self.record = rec
+        return next_n, value
+
+    def _write(self, name: str, t: int | torch.Tensor, x: torch.Tensor) -> None:
+        buf = self.buf[name]
+        if isinstance(t, int):
+            buf[t] = x
+        else:  # a tensor row index: one graph for every row (an int would be specialised per row)
+            buf.index_copy_(0, t, x.to(buf.dtype).unsqueeze(0))
+
+    def _checked(self, rec: StepRecord, t: int | torch.Tensor, stats: dict[str, torch.Tensor]) -> StepRecord:
         """The env boundary: count NaN / infinite observations, states and rewards on the device
         (read with the update's metrics); `nonfinite_env: zero` also replaces them with 0."""
         fields = [f for f in ("obs", "final_obs", "reward", "state", "final_state") if getattr(rec, f) is not None]
@@ -242,8 +303,8 @@ class Rollout:
             fields = [f for f in fields if f not in ("obs", "final_obs")]
         bad = sum((~torch.isfinite(getattr(rec, f))).sum() for f in fields)
         stats["env_nonfinite"] += bad
-        stats["env_first_bad_step"] = torch.where((stats["env_first_bad_step"] < 0) & (bad > 0), t,
-                                                  stats["env_first_bad_step"])
+        first = stats["env_first_bad_step"]
+        first.copy_(torch.where((first < 0) & (bad > 0), t if isinstance(t, int) else t.squeeze(0), first))
         if self.cfg.nonfinite_env == "zero":
             for f in fields:
                 setattr(rec, f, torch.nan_to_num(getattr(rec, f), nan=0.0, posinf=0.0, neginf=0.0))

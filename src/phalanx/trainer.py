@@ -164,14 +164,15 @@ class Trainer:
         act = None if self.model.recurrent else self.model.act
         self._step = minibatch_step(self._evaluate, self.optimizer, self.hp,
                                     sync_grads=self.dist.average_grads if self.dist.enabled else None)
-        if cfg.compile:
-            # Shapes are fixed for the whole run (num_envs, minibatch sizes), so each compiles once (twice
-            # where a remainder makes two minibatch sizes); the update step is captured whole.
-            act = torch.compile(self.model.act, dynamic=False)
-            self._step = compile_step(self._step, dynamic=False)
         self.timer = PhaseTimer(self.device)
         self.rollout = Rollout(cfg, self.env, self.model, self.norms, self.learner, self.gen, act, self._amp, self.timer,
                                self.teammates, self.league, seed=self.env_seed, announce=cfg.progress)
+        if cfg.compile:
+            # Shapes are fixed for the whole run (num_envs, minibatch sizes), so each compiles once (twice
+            # where a remainder makes two minibatch sizes); the update step and, where the env allows,
+            # the rollout step are captured whole.
+            self.rollout.compile()
+            self._step = compile_step(self._step, dynamic=False)
         self.global_step = 0
         self.update_idx = 0
         self.recent_returns: list[float] = []

@@ -6,6 +6,12 @@ import torch
 from torch import nn
 
 
+def store(buffer: torch.Tensor, value: torch.Tensor) -> None:
+    """buffer <- value in place. Through a flat view: a compiled graph (torch 2.13, every backend)
+    silently drops in-place writes to a 0-d float64 tensor such as `count`, but keeps them via a view."""
+    buffer.view(-1).copy_(value.reshape(-1))
+
+
 class RunningMeanStd(nn.Module):
     """Parallel-update running mean/variance (Chan et al.), kept as buffers so it checkpoints."""
 
@@ -35,9 +41,9 @@ class RunningMeanStd(nn.Module):
         m2 = self.var * self.count + batch_var * n + delta**2 * self.count * n / tot
         # An all-masked batch must leave the statistics exactly as they were.
         has = n > 0
-        self.mean.copy_(torch.where(has, new_mean, self.mean))
-        self.var.copy_(torch.where(has, m2 / tot, self.var))
-        self.count.copy_(torch.where(has, tot, self.count))
+        store(self.mean, torch.where(has, new_mean, self.mean))
+        store(self.var, torch.where(has, m2 / tot, self.var))
+        store(self.count, torch.where(has, tot, self.count))
 
     def normalize(self, x: torch.Tensor, clip: float | None = None) -> torch.Tensor:
         y = (x - self.mean.to(x.dtype)) / torch.sqrt(self.var.to(x.dtype) + 1e-8)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from phalanx.draws import Draws
 from phalanx.envs.spaces import Space
 
 
@@ -57,6 +58,12 @@ class VecEnv:
     success_key: str | None = None  # info key holding per-episode success, if the env defines one
     # Names of scripted policies this env ships (baselines, archetypes); see `scripted_actions`.
     scripted_names: tuple[str, ...] = ()
+    # True where `step` is pure tensor code that torch.compile captures whole: no host reads, no
+    # Python branch on tensor values, and every random draw made through `rng` (a `Draws` over the
+    # env's generator, whose plan the rollout replays inside the graph). --compile then captures the
+    # whole rollout step; other envs run eagerly beside a compiled policy.
+    capturable: bool = False
+    rng: Draws | None = None
 
     def reset(self, seed: int | None = None) -> StepRecord:
         raise NotImplementedError

@@ -77,6 +77,7 @@ from dataclasses import dataclass
 
 import torch
 
+from phalanx.draws import Draws
 from phalanx.envs import draw
 from phalanx.envs.base import StepRecord, VecEnv, generator_state, set_generator_state
 from phalanx.envs.registry import EnvOption, EnvSpec, register
@@ -178,6 +179,7 @@ class BucketBrigadeEnv(VecEnv):
     """Batched bucket brigade (N envs, A agents); the rules and the choices are in the module docstring."""
 
     name = "bucket_brigade"
+    capturable = True
     # The house only matters when working: a resting agent stays at home.
     action_space = MultiDiscrete((NUM_HOUSES, 2), gates=((0, 1, WORK),))
     role_names = ("agent",)
@@ -230,6 +232,7 @@ class BucketBrigadeEnv(VecEnv):
         self._nvec = torch.tensor([NUM_HOUSES, 2], dtype=torch.long, device=dev)
         self._state_ids = torch.arange(3, device=dev)
         self.gen = torch.Generator(device=dev)
+        self.rng = Draws(self.gen)
         if seed is None:
             self.gen.seed()
         else:
@@ -249,8 +252,8 @@ class BucketBrigadeEnv(VecEnv):
     # --- dynamics ---------------------------------------------------------------------------------
     def _sample_start(self) -> torch.Tensor:
         n, dev = self.num_envs, self.device
-        u = torch.rand(n, NUM_HOUSES, generator=self.gen, device=dev)
-        fallback = torch.randint(0, NUM_HOUSES, (n, 1), generator=self.gen, device=dev)
+        u = self.rng.rand((n, NUM_HOUSES), dev)
+        fallback = self.rng.randint(0, NUM_HOUSES, (n, 1), dev)
         burning = u < self.scenario.rho
         none = ~burning.any(1, keepdim=True)
         burning = burning | (none & (self._house_ids == fallback))
@@ -272,7 +275,7 @@ class BucketBrigadeEnv(VecEnv):
         """Phases 2-5 of a night on houses [N, 10]; returns the new houses."""
         s = self.scenario
         n = houses.shape[0]
-        u = torch.rand(n, NUM_HOUSES, 4, generator=self.gen, device=self.device)
+        u = self.rng.rand((n, NUM_HOUSES, 4), self.device)
         workers = torch.zeros(n, NUM_HOUSES, dtype=torch.float32, device=self.device)
         workers.scatter_add_(1, loc, work.float())
         burning0 = houses == BURNING

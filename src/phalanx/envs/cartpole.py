@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from phalanx.draws import Draws
 from phalanx.envs import draw
 from phalanx.envs.base import StepRecord, VecEnv, generator_state, set_generator_state
 from phalanx.envs.registry import EnvOption, EnvSpec, register
@@ -55,6 +56,7 @@ class ClassicEnv(VecEnv):
     """
 
     state_dim: int
+    capturable = True
 
     def __init__(self, num_envs: int, device: torch.device | str, seed: int | None, max_steps: int) -> None:
         self.num_envs = num_envs
@@ -62,6 +64,7 @@ class ClassicEnv(VecEnv):
         self.max_steps = int(max_steps)
         self.roles = self.default_roles()
         self.gen = torch.Generator(device=self.device)
+        self.rng = Draws(self.gen)
         if seed is None:
             self.gen.seed()
         else:
@@ -159,7 +162,7 @@ class CartPoleEnv(ClassicEnv):
         super().__init__(num_envs, device, seed, max_steps)
 
     def _sample_start(self) -> torch.Tensor:
-        u = torch.rand(self.num_envs, 4, generator=self.gen, dtype=torch.float64, device=self.device)
+        u = self.rng.rand((self.num_envs, 4), self.device, torch.float64)
         return u * 0.1 - 0.05
 
     def _transition(self, state, actions):

@@ -136,6 +136,7 @@ from dataclasses import dataclass
 
 import torch
 
+from phalanx.draws import Draws
 from phalanx.envs.base import StepRecord, VecEnv, generator_state, set_generator_state
 from phalanx.envs.registry import EnvOption, EnvSpec, register
 from phalanx.envs.spaces import Box
@@ -226,6 +227,7 @@ class DroneSwarmEnv(VecEnv):
     """Batched drone swarm (N envs, A drones with roles); the rules are in the module docstring."""
 
     name = "drone_swarm"
+    capturable = True
     role_names = ROLE_NAMES
     scripted_names = ("planner", "random")
     reward_terms = REWARD_TERMS
@@ -358,6 +360,7 @@ class DroneSwarmEnv(VecEnv):
         self.observation_space = Box.uniform(-2.0, 2.0, (OBS_DIM,))
         self.state_space = Box.uniform(-1.0, 1.0, (self.state_dim,))
         self.gen = torch.Generator(device=dev)
+        self.rng = Draws(self.gen)
         if seed is None:
             self.gen.seed()
         else:
@@ -367,7 +370,7 @@ class DroneSwarmEnv(VecEnv):
     # --- episodes ---------------------------------------------------------------------------------
     def _draw(self) -> torch.Tensor:
         """All of one step's random numbers, one row per env: [N, K] uniforms in [0, 1)."""
-        return torch.rand(self.num_envs, self._rand_k, generator=self.gen, device=self.device)
+        return self.rng.rand((self.num_envs, self._rand_k), self.device)
 
     def _split(self, u: torch.Tensor):
         n, a, v = self.num_envs, self.num_agents, self.num_victims

@@ -87,6 +87,7 @@ from __future__ import annotations
 
 import torch
 
+from phalanx.draws import Draws
 from phalanx.envs import draw
 from phalanx.envs.base import StepRecord, VecEnv, generator_state, set_generator_state
 from phalanx.envs.registry import EnvOption, EnvSpec, register
@@ -221,6 +222,7 @@ class DuelEnv(VecEnv):
     """Batched 1v1 platform fighter (N envs, 2 fighters); the rules are in the module docstring."""
 
     name = "duel"
+    capturable = True
     num_agents = 2
     action_space = MultiDiscrete((2,) * NUM_KEYS)
     observation_space = Box.uniform(-OBS_LIMIT, OBS_LIMIT, (OBS_DIM,))
@@ -259,6 +261,7 @@ class DuelEnv(VecEnv):
         self._feat_sign = torch.tensor(MIRROR_SIGN, **f32)
         self._feat_perm = torch.tensor(MIRROR_PERM, dtype=torch.long, device=dev)
         self.gen = torch.Generator(device=dev)
+        self.rng = Draws(self.gen)
         if seed is None:
             self.gen.seed()
         else:
@@ -268,7 +271,7 @@ class DuelEnv(VecEnv):
     # --- state ------------------------------------------------------------------------------------
     def _draw(self) -> torch.Tensor:
         """Per-step random numbers [N, 4]: spawn jitter of both fighters, weapon x, pickup coin."""
-        return torch.rand(self.num_envs, 4, generator=self.gen, device=self.device)
+        return self.rng.rand((self.num_envs, 4), self.device)
 
     def _fresh(self, rnd: torch.Tensor) -> dict[str, torch.Tensor]:
         """A new match's state for every env."""

@@ -51,7 +51,7 @@ class PendulumEnv(ClassicEnv):
         super().__init__(num_envs, device, seed, max_steps)
 
     def _sample_start(self) -> torch.Tensor:
-        u = torch.rand(self.num_envs, 2, generator=self.gen, dtype=torch.float64, device=self.device) * 2 - 1
+        u = self.rng.rand((self.num_envs, 2), self.device, torch.float64) * 2 - 1
         return torch.stack((u[:, 0] * math.pi, u[:, 1]), -1)
 
     def _transition(self, state, actions):

@@ -77,6 +77,7 @@ from collections import deque
 
 import torch
 
+from phalanx.draws import Draws
 from phalanx.envs.base import StepRecord, VecEnv, generator_state, set_generator_state
 from phalanx.envs.registry import EnvOption, EnvSpec, register
 from phalanx.envs.spaces import Box, Discrete
@@ -337,6 +338,7 @@ class PixelGoalEnv(VecEnv):
     """pixel_goal: see the module docstring."""
 
     name = "pixel_goal"
+    capturable = True
     num_agents = 1
     action_space = Discrete(len(ACTION_NAMES))
     observation_space = Box.uniform(0, SHADES - 1, (STACK, HEIGHT, WIDTH), dtype=torch.uint8)
@@ -372,6 +374,7 @@ class PixelGoalEnv(VecEnv):
         self.map, self.tau, self.k, self.max_steps, self.start = map, float(tau), k, max_steps, start
         self.roles = self.default_roles()
         self.gen = torch.Generator(device=dev)
+        self.rng = Draws(self.gen)
         if seed is None:
             self.gen.seed()
         else:
@@ -439,7 +442,7 @@ class PixelGoalEnv(VecEnv):
     # --- episodes ----------------------------------------------------------------------------------
     def _draw_starts(self) -> torch.Tensor:
         """Indices [N] into the start tiles, one per env."""
-        return torch.randint(0, self.start_tiles.shape[0], (self.num_envs,), generator=self.gen, device=self.device)
+        return self.rng.randint(0, self.start_tiles.shape[0], (self.num_envs,), self.device)
 
     def _start_all(self, tiles: torch.Tensor) -> None:
         self.pos = tiles.clone()

@@ -341,6 +341,8 @@ class TrialNavWorld(VecEnv):
 class TrialNavEnv(MultiTrialEnv):
     """trial_nav: `TrialNavWorld` played for `trials` trials per episode (see the module docstring)."""
 
+    capturable = True
+
     def __init__(
         self,
         num_envs: int = 1,

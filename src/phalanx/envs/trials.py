@@ -65,6 +65,7 @@ from typing import Protocol
 
 import torch
 
+from phalanx.draws import Draws
 from phalanx.envs import draw
 from phalanx.envs.base import StepRecord, VecEnv, generator_state, set_generator_state
 from phalanx.envs.spaces import Box
@@ -133,6 +134,7 @@ class MultiTrialEnv(VecEnv):
         dev = self.device
         self._trial_ids = torch.arange(k, device=dev)
         self.gen = torch.Generator(device=dev)
+        self.rng = Draws(self.gen)
         if seed is None:
             self.gen.seed()
         else:
@@ -141,7 +143,7 @@ class MultiTrialEnv(VecEnv):
 
     # --- internals --------------------------------------------------------------------------------
     def _draw_seeds(self) -> torch.Tensor:
-        return torch.randint(0, SEED_HIGH, (self.num_envs,), generator=self.gen, device=self.device, dtype=torch.long)
+        return self.rng.randint(0, SEED_HIGH, (self.num_envs,), self.device)
 
     def _reset_all(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         n, a, k, dev = self.num_envs, self.num_agents, self.trials, self.device

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from phalanx.draws import Source
 from phalanx.envs.spaces import Space
 from phalanx.models.memory import LSTMActorCritic, TransformerActorCritic
 from phalanx.models.mlp import ACTIVATIONS, ActionHead, layer_init
@@ -159,7 +160,7 @@ class CNNActorCritic(nn.Module):
         return self._value_from(critic_in, None)
 
     def act(
-        self, obs: torch.Tensor, generator: torch.Generator | None = None, greedy: bool = False
+        self, obs: torch.Tensor, generator: Source = None, greedy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.actor(self.features(obs))
         action = self.head.sample(out, generator, greedy)
@@ -170,7 +171,7 @@ class CNNActorCritic(nn.Module):
         return self.head.log_prob(out, actions), self.head.entropy(out)
 
     def act_value(
-        self, obs: torch.Tensor, generator: torch.Generator | None = None, greedy: bool = False
+        self, obs: torch.Tensor, generator: Source = None, greedy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`act` and `value` on the same observations: -> (action, logprob, value)."""
         feat = self.features(obs)
@@ -255,7 +256,7 @@ class CNNMemoryActorCritic(nn.Module):
         return self.core.step(self.encoder(obs), state, reset, active)
 
     def act_step(self, obs: torch.Tensor, state, reset: torch.Tensor | None = None, active: torch.Tensor | None = None,
-                 generator: torch.Generator | None = None, greedy: bool = False):
+                 generator: Source = None, greedy: bool = False):
         """-> (action, logprob, value | None, state) with `state` updated in place."""
         return self.core.act_step(self.encoder(obs), state, reset, active, generator, greedy)
 

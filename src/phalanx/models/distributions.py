@@ -1,4 +1,5 @@
-"""Action distributions as pure tensor functions, sampled from an explicit generator.
+"""Action distributions as pure tensor functions, sampled from an explicit generator
+(or its `phalanx.draws.Draws`, which a compiled rollout step replays).
 
 Sampling goes through the caller's `torch.Generator` (never the global RNG) so that a resumed run
 draws the same actions as the uninterrupted one.
@@ -10,11 +11,13 @@ import math
 
 import torch
 
+from phalanx.draws import Source, normal, uniform
+
 _NEG = -1e9  # padding logit for multi-discrete heads of unequal size; finite so p*log(p) stays 0
 
 
-def categorical_sample(logits: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    u = torch.rand(logits.shape, generator=generator, device=logits.device, dtype=logits.dtype)
+def categorical_sample(logits: torch.Tensor, generator: Source) -> torch.Tensor:
+    u = uniform(generator, logits.shape, logits.device, logits.dtype)
     gumbel = -torch.log((-torch.log(u.clamp_min(1e-20))).clamp_min(1e-20))
     return (logits + gumbel).argmax(-1)
 
@@ -29,8 +32,8 @@ def categorical_entropy(logits: torch.Tensor) -> torch.Tensor:
     return -(logp.exp() * logp).sum(-1)
 
 
-def gaussian_sample(mean: torch.Tensor, log_std: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
+def gaussian_sample(mean: torch.Tensor, log_std: torch.Tensor, generator: Source) -> torch.Tensor:
+    noise = normal(generator, mean.shape, mean.device, mean.dtype)
     return mean + log_std.exp() * noise
 
 

@@ -65,6 +65,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from phalanx.algo.scan import linear_scan
+from phalanx.draws import Source
 from phalanx.envs.spaces import Space
 from phalanx.models.mlp import ACTIVATIONS, ActionHead, layer_init, mlp
 
@@ -161,7 +162,7 @@ class _MemoryActorCritic(nn.Module):
         active = torch.ones(n, dtype=torch.bool, device=x.device) if active is None else active.reshape(n)
         return self._heads(self._step(x, state, reset, active), batch)
 
-    def act_step(self, obs, state, reset=None, active=None, generator: torch.Generator | None = None, greedy: bool = False):
+    def act_step(self, obs, state, reset=None, active=None, generator: Source = None, greedy: bool = False):
         """Sample actions: -> (action, logprob, value | None, state) with `state` updated in place."""
         out, value = self.step(obs, state, reset, active)
         action = self.head.sample(out, generator, greedy)

@@ -7,6 +7,7 @@ import math
 import torch
 from torch import nn
 
+from phalanx.draws import Source
 from phalanx.envs.spaces import Box, Discrete, MultiDiscrete, Space
 from phalanx.models import distributions as D
 
@@ -107,7 +108,7 @@ class ActionHead(nn.Module):
             return D.pad_multi_logits(out, tuple(self.space.nvec))
         return out
 
-    def sample(self, out: torch.Tensor, generator: torch.Generator | None, greedy: bool) -> torch.Tensor:
+    def sample(self, out: torch.Tensor, generator: Source, greedy: bool) -> torch.Tensor:
         if self.kind == "gaussian":
             return out if greedy else D.gaussian_sample(out, self.log_std, generator)
         logits = self._logits(out)
@@ -194,7 +195,7 @@ class MLPActorCritic(nn.Module):
         return self.critic(x).squeeze(-1)
 
     def act(
-        self, obs: torch.Tensor, generator: torch.Generator | None = None, greedy: bool = False
+        self, obs: torch.Tensor, generator: Source = None, greedy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.actor(self.actor_input(obs))
         action = self.head.sample(out, generator, greedy)

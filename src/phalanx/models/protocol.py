@@ -11,6 +11,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
 
+from phalanx.draws import Source
 from phalanx.models.mlp import ActionHead
 
 
@@ -33,7 +34,7 @@ class ActorCritic(Protocol):
 
 @runtime_checkable
 class FeedForwardActorCritic(ActorCritic, Protocol):
-    def act(self, obs: torch.Tensor, generator: torch.Generator | None = None,
+    def act(self, obs: torch.Tensor, generator: Source = None,
             greedy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """obs [..., A, *obs] -> (action [..., A, *act], log-prob [..., A])."""
         ...
@@ -51,7 +52,7 @@ class RecurrentActorCritic(ActorCritic, Protocol):
         ...
 
     def act_step(self, obs: torch.Tensor, state, reset: torch.Tensor | None = None, active: torch.Tensor | None = None,
-                 generator: torch.Generator | None = None, greedy: bool = False):
+                 generator: Source = None, greedy: bool = False):
         """-> (action, log-prob, value | None, state), the state updated in place."""
         ...
 

@@ -13,6 +13,7 @@ import math
 import torch
 from torch import nn
 
+from phalanx.draws import Source
 from phalanx.envs.spaces import Space
 from phalanx.models.mlp import ACTIVATIONS, ActionHead, layer_init, mlp
 
@@ -264,7 +265,7 @@ class RoleAttentionActorCritic(nn.Module):
         return self.critic(x).squeeze(-1)
 
     def act(
-        self, obs: torch.Tensor, generator: torch.Generator | None = None, greedy: bool = False,
+        self, obs: torch.Tensor, generator: Source = None, greedy: bool = False,
         present: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.actor(self._features(self.actor_attn, obs, present))
