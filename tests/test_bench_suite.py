@@ -125,3 +125,28 @@ def test_rows_that_cannot_run_are_skipped_with_a_note(tmp_path, capsys, monkeypa
     assert result["rows"][0]["note"].startswith("skipped: the rollout buffer needs")
     assert result["profile"][0]["note"].startswith("skipped: the rollout buffer needs")
     assert "skipped: the rollout buffer needs" in (tmp_path / "bench.md").read_text()
+
+
+def test_alternating_measure_takes_turns_and_pairs_rounds():
+    """Contestants run turn by turn, each round one window of each, so the paired median ratio holds
+    even when the machine's speed drifts: here both slow down together after the third round."""
+    order: list[str] = []
+    clock = {"t": 0.0}
+
+    def fake_step(name: str, cost: float):
+        def step():
+            order.append(name)
+            clock["t"] += cost * (1 if len(order) < 6 else 3)  # the machine slows down 3x from the sixth call on
+        return step
+
+    real = bench.time.perf_counter
+    bench.time.perf_counter = lambda: clock["t"]
+    try:
+        got = bench.measure_alternating({"a": (fake_step("a", 0.25), 100), "b": (fake_step("b", 0.5), 100)},
+                                        seconds=2.0, device=bench.torch.device("cpu"), warmup=0)
+    finally:
+        bench.time.perf_counter = real
+    assert order[:4] == ["a", "b", "a", "b"]
+    assert got["a"]["windows"] == got["b"]["windows"] >= 2
+    assert bench.median_ratio(got["a"], got["b"]) == pytest.approx(2.0)
+    assert got["a"]["sps"] == pytest.approx(400.0)

@@ -49,10 +49,11 @@ import json
 import math
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -276,6 +277,53 @@ def measure(
             "windows": len(rates), "others_busy": mon.stop(), "warmup_seconds": warmup_seconds}
 
 
+def measure_alternating(
+    steps: dict[str, tuple[Callable[[], Any], int]], seconds: float, device: torch.device, warmup: int = 1
+) -> dict[str, dict[str, Any]]:
+    """Measures several contestants (name -> (step, steps per call)) turn by turn: each round times one
+    window (~0.25 s, at least one call) of each, until every one has run `seconds`. A drift of the
+    machine's speed then hits all alike, so the ratio of two contestants is the median over rounds of
+    their rates' ratio (`ratios`), not a quotient of runs taken minutes apart. `sps` is each one's
+    fastest window, as `measure` reports it."""
+    warm: dict[str, float] = {}
+    for name, (step, _) in steps.items():
+        w0 = time.perf_counter()
+        for _ in range(warmup):
+            step()
+        _sync(device)
+        warm[name] = time.perf_counter() - w0
+    if _WAIT_IDLE > 0:
+        wait_for_idle(_WAIT_IDLE)
+    rates: dict[str, list[float]] = {name: [] for name in steps}
+    spent = dict.fromkeys(steps, 0.0)
+    calls = dict.fromkeys(steps, 0)
+    mon = CpuMonitor()
+    mon.start()
+    while min(spent.values()) < seconds:
+        for name, (step, per_call) in steps.items():
+            w0 = time.perf_counter()
+            n = 0
+            while True:
+                step()
+                n += 1
+                _sync(device)
+                if time.perf_counter() - w0 >= 0.25:
+                    break
+            dt = time.perf_counter() - w0
+            rates[name].append(n * per_call / dt)
+            spent[name] += dt
+            calls[name] += n
+    busy = mon.stop()
+    return {name: {"sps": max(r), "mean_sps": calls[name] * steps[name][1] / spent[name], "seconds": spent[name],
+                   "iterations": calls[name], "windows": len(r), "rates": r, "others_busy": busy,
+                   "warmup_seconds": warm[name]} for name, r in rates.items()}
+
+
+def median_ratio(a: dict[str, Any], b: dict[str, Any]) -> float:
+    """The median over rounds of a's rate / b's rate (both from one `measure_alternating`)."""
+    return statistics.median(x / y for x, y in zip(a["rates"], b["rates"]))
+
+
 # -- phalanx measurements --------------------------------------------------------------------------
 def bench_env(
     num_envs: int, seconds: float, device: torch.device, env_name: str = "cartpole", options: dict[str, Any] | None = None
@@ -326,28 +374,26 @@ def bench_trainer(
 ) -> tuple[dict | None, dict]:
     """(rollout, train) measurements of one Trainer built from `config(num_envs, num_steps, run_dir, threads, device)`;
     rollout is None with `rollout=False`. Rates count agent steps: num_envs x num_steps x num_agents per iteration."""
-    with tempfile.TemporaryDirectory(prefix="phalanx-bench-") as tmp:
-        cfg = config(num_envs, num_steps, tmp, threads, device)
-        trainer = Trainer(cfg)
-        try:
-            dev = trainer.device
-            agent_steps = cfg.batch_size * trainer.A
-            rolled = measure(trainer.collect, agent_steps, seconds, dev) if rollout else None
-            train = measure(partial(train_iteration, trainer), agent_steps, seconds, dev)
-        finally:
-            trainer.close()
+    with built_trainer(num_envs, num_steps, threads, device, config) as trainer:
+        agent_steps = trainer.cfg.batch_size * trainer.A
+        rolled = measure(trainer.collect, agent_steps, seconds, trainer.device) if rollout else None
+        train = measure(partial(train_iteration, trainer), agent_steps, seconds, trainer.device)
     return rolled, train
 
 
+@contextlib.contextmanager
+def built_trainer(num_envs: int, num_steps: int | None, threads: int | None, device: str,
+                  config: Callable[..., Any] = phalanx_config) -> Iterator[Trainer]:
+    """A Trainer of `config(...)` in a temporary run directory, closed and removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix="phalanx-bench-") as tmp:
+        trainer = Trainer(config(num_envs, num_steps, tmp, threads, device))
+        try:
+            yield trainer
+        finally:
+            trainer.close()
+
+
 # -- minimal pure-torch PPO (the reference) --------------------------------------------------------
-def bench_reference(num_envs: int, num_steps: int, seconds: float, device: torch.device) -> dict[str, float]:
-    ref = ReferencePPO(num_envs, num_steps, device)
-    try:
-        return measure(ref.iteration, num_envs * num_steps, seconds, device)
-    finally:
-        ref.env.close()
-
-
 # -- Stable-Baselines3 -----------------------------------------------------------------------------
 def bench_sb3(rollouts: int) -> dict[str, Any]:
     """SB3 PPO defaults on CartPole-v1, 8 DummyVecEnv envs, CPU: steps/s over `rollouts` full cycles."""
@@ -461,31 +507,46 @@ def run_cartpole(args: argparse.Namespace) -> dict[str, Any]:
     print(f"phalanx bench cartpole: {args.steps} steps x N envs per update, {PPO_SETTINGS['num_epochs']} epochs, "
           f"{PPO_SETTINGS['num_minibatches']} minibatches, 64x64 MLP; device {device}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads")
-    print("steps/s (env steps summed over envs, fastest 0.25 s window); train/ref = phalanx train / minimal pure-torch PPO;\n"
+    print("steps/s (env steps summed over envs, fastest 0.25 s window); train/ref = phalanx train / minimal pure-torch PPO,\n"
+          "the median over rounds that time each in turn (and --compile with them);\n"
           "others = share of the CPUs other processes used meanwhile (should be ~0%)")
     print()
     _print_header(COLUMNS)
+    compiled_lines = []
     for n in args.num_envs:
         env = bench_env(n, args.seconds, device)
-        rollout, train = bench_trainer(n, args.steps, args.seconds, args.threads, str(device))
-        ref = bench_reference(n, args.steps, args.seconds, device) if args.ref else None
-        ratio = train["sps"] / ref["sps"] if ref else None
+        with contextlib.ExitStack() as stack:
+            trainer = stack.enter_context(built_trainer(n, args.steps, args.threads, str(device)))
+            steps = n * args.steps
+            rollout = measure(trainer.collect, steps, args.seconds, trainer.device)
+            contest = {"train": (partial(train_iteration, trainer), steps)}
+            if args.ref:
+                ref_loop = ReferencePPO(n, args.steps, device)
+                stack.callback(ref_loop.env.close)
+                contest["ref"] = (ref_loop.iteration, steps)
+            if args.compile:
+                compiled = stack.enter_context(built_trainer(n, args.steps, args.threads, str(device),
+                                                             partial(phalanx_config, compile=True)))
+                contest["compiled"] = (partial(train_iteration, compiled), steps)
+            got = measure_alternating(contest, args.seconds, device)
+        train, ref, comp = got["train"], got.get("ref"), got.get("compiled")
+        ratio = median_ratio(train, ref) if ref else None
         row = {"num_envs": n, "env": env, "rollout": rollout, "train": train, "ref_train": ref, "train_over_ref": ratio,
-               "others_busy": _others(env, rollout, train, ref)}
+               "others_busy": _others(env, rollout, train, ref, comp)}
+        if comp:
+            row["train_compiled"] = comp
+            row["compiled_over_train"] = median_ratio(comp, train)
+            versus = [f"{row['compiled_over_train']:.2f}x eager"]
+            if ref:
+                row["compiled_over_ref"] = median_ratio(comp, ref)
+                versus.append(f"{row['compiled_over_ref']:.2f}x ref")
+            compiled_lines.append(f"  --compile at {n} envs: train {_fmt(comp['sps'])} steps/s ({', '.join(versus)}); the first "
+                                  f"iteration, which compiles, took {comp['warmup_seconds']:.1f} s")
         out["rows"].append(row)
         print(_line([str(n), _fmt(env["sps"]), _fmt(rollout["sps"]), _fmt(train["sps"]), _fmt(ref["sps"] if ref else None),
                      f"{ratio:.2f}x" if ratio else "-", _fmt_busy(row["others_busy"])]), flush=True)
-    if args.compile:
-        for row in out["rows"]:
-            n = row["num_envs"]
-            _, comp = bench_trainer(n, args.steps, args.seconds, args.threads, str(device),
-                                    config=partial(phalanx_config, compile=True), rollout=False)
-            row["train_compiled"] = comp
-            versus = [f"{comp['sps'] / row['train']['sps']:.2f}x eager"]
-            if row["ref_train"]:
-                versus.append(f"{comp['sps'] / row['ref_train']['sps']:.2f}x ref")
-            print(f"  --compile at {n} envs: train {_fmt(comp['sps'])} steps/s ({', '.join(versus)}); the first "
-                  f"iteration, which compiles, took {comp['warmup_seconds']:.1f} s", flush=True)
+    for line in compiled_lines:
+        print(line, flush=True)
     _warn_busy(out["rows"])
     if args.sb3:
         best = max(out["rows"], key=lambda r: r["num_envs"])
