@@ -173,9 +173,9 @@ def test_recurrent_update_trains_every_segment(tmp_path):
         rows: list[list[int]] = []
         inner = trainer._step
 
-        def spy(part):
-            rows.append(part.rows.tolist())
-            return inner(part)
+        def spy(batch, idx):  # the step gathers its minibatch `batch.index(idx)` itself
+            rows.append(batch.index(idx).rows.tolist())
+            return inner(batch, idx)
 
         trainer._step = spy
         trainer.collect()

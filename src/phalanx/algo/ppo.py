@@ -114,7 +114,7 @@ def explained_variance(pred: torch.Tensor, target: torch.Tensor, mask: torch.Ten
 
 
 EvaluateFn = Callable[[PPOBatch], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
-StepFn = Callable[[PPOBatch], dict[str, torch.Tensor]]
+StepFn = Callable[[PPOBatch, torch.Tensor], dict[str, torch.Tensor]]
 
 
 def adam_state(optimizer: torch.optim.Adam) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
@@ -145,13 +145,16 @@ def minibatch_step(
     `torch.compile(..., fullgraph=True)` captures it whole through `compile_step` (and a CUDA graph
     can replay it).
 
-    `evaluate(part)` runs the model on a minibatch -> (log-prob, entropy, value). Returns the losses'
-    metrics, the unclipped gradient norm and `nonfinite` (1 if the loss was not finite)."""
+    `step(batch, rows)` trains on the minibatch `batch.index(rows)`: gathered inside the step, so a
+    compiled step fuses the gathers into the kernels that read them. `evaluate(part)` runs the model on
+    a minibatch -> (log-prob, entropy, value). Returns the losses' metrics, the unclipped gradient norm
+    and `nonfinite` (1 if the loss was not finite)."""
     if not isinstance(optimizer, torch.optim.Adam) or len(optimizer.param_groups) != 1:
         raise TypeError("minibatch_step takes a torch.optim.Adam with one parameter group")
     params = optimizer.param_groups[0]["params"]
 
-    def step(part: PPOBatch) -> dict[str, torch.Tensor]:
+    def step(batch: PPOBatch, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+        part = batch.index(rows)
         logp, ent, value = evaluate(part)
         loss, metrics = ppo_losses(logp, ent, value, part, hp)
         for p in params:
@@ -192,9 +195,9 @@ def compile_step(step: StepFn, **options) -> StepFn:
     them out by default); `options` go to torch.compile (backend, dynamic)."""
     compiled = torch.compile(step, fullgraph=True, **options)
 
-    def run(part: PPOBatch) -> dict[str, torch.Tensor]:
+    def run(batch: PPOBatch, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         with torch._dynamo.config.patch(trace_autograd_ops=True):
-            return compiled(part)
+            return compiled(batch, rows)
 
     return run
 
@@ -223,7 +226,7 @@ def ppo_update(
         kl_epoch = torch.zeros((), device=device)
         # Every sample in every epoch: a remainder is spread one row each over the first minibatches.
         for idx in perm.tensor_split(parts):
-            metrics = step(batch.index(idx))
+            metrics = step(batch, idx)
             for k, v in metrics.items():
                 sums[k] = sums[k] + v if k in sums else v
             kl_epoch += metrics["approx_kl"]
