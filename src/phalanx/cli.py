@@ -12,10 +12,13 @@ from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from phalanx import checkpoint as ckpt
 from phalanx import runs
 from phalanx.config import FIELDS, describe_keys, load_file
 from phalanx.envs import make, registered, registry
+from phalanx.envs.check import check_env
 from phalanx.errors import CheckpointError, PhalanxError
 from phalanx.evaluate import evaluate_policy
 from phalanx.league import LEAGUE_FILE, Ratings, load_snapshot
@@ -69,19 +72,39 @@ def _parse_env_options(extra: list[str]) -> dict[str, str]:
     return opts
 
 
+def typed_env_options(env_name: str, env_opts: dict[str, str]) -> dict[str, Any]:
+    """Env options from the command line: declared ones as they are (the registry coerces them); for gym /
+    pz constructors and plugin factories, keyword arguments typed as YAML reads them (25 -> int), which
+    the factory's signature (or the adapter) refuses where it does not take them."""
+    s = registry.check_name(env_name)
+    if s is None or s.free_options:
+        return {k: yaml.safe_load(v) for k, v in env_opts.items()}
+    for k in env_opts:
+        if k not in s.options:
+            allowed = ", ".join(sorted(s.options)) or "none"
+            raise PhalanxError(f"unknown option '--{k.replace('_', '-')}' (not a config key; env options of '{env_name}': {allowed})")
+    return env_opts
+
+
+def cmd_check_env(args: argparse.Namespace, extra: list[str]) -> int:
+    options = registry.resolve_options(args.env, typed_env_options(args.env, _parse_env_options(extra))) if extra else {}
+    env = make(args.env, num_envs=args.num_envs, device=runs.resolve_device(args.device), seed=args.seed, **options)
+    try:
+        check_env(env, steps=args.steps, seed=args.seed)
+    finally:
+        env.close()
+    print(f"env '{args.env}': every rule of the env contract holds ({args.num_envs} envs x {env.num_agents} slots, "
+          f"{args.steps} random steps, seed {args.seed}, {env.device})")
+    return 0
+
+
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     overrides = {k: v for k, v in vars(args).items() if k in FIELDS and v is not None}
     env_opts = _parse_env_options(extra)
     layers: dict[str, Any] = load_file(args.config) if args.config else {}
     env_name = overrides.get("env", layers.get("env", "cartpole"))
     if env_opts:
-        s = registry.spec(env_name)
-        declared = set(s.options) if s else set()
-        for k in env_opts:
-            if k not in declared:
-                allowed = ", ".join(sorted(declared)) or "none"
-                raise PhalanxError(f"unknown option '--{k.replace('_', '-')}' (not a config key; env options of '{env_name}': {allowed})")
-        overrides["env_options"] = {**layers.get("env_options", {}), **env_opts}
+        overrides["env_options"] = {**layers.get("env_options", {}), **typed_env_options(env_name, env_opts)}
     if args.resume:
         result = train(resume=args.resume, **overrides)
     else:
@@ -307,6 +330,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     pp.add_argument("--out", help="output PNG (default RUN_DIR/plots/learning_curve.png)")
     pn = sub.add_parser("envs", help="list environments, spaces and options")
     pn.add_argument("--json", action="store_true")
+    pc = sub.add_parser("check-env", help="check an env against the env contract (docs/ENVIRONMENTS.md)",
+                        epilog="Env options are passed as --option value. Exit status 2 and one line at the first broken rule.")
+    pc.add_argument("env", help="a registered name, gym:<id>, pz:<module>:<fn> or package.module:factory")
+    pc.add_argument("--num-envs", type=int, default=4)
+    pc.add_argument("--steps", type=int, default=64, help="random steps of the full check [64]")
+    pc.add_argument("--seed", type=int, default=7)
+    pc.add_argument("--device", default="cpu")
     plugins = plugin_commands()
     for name, ep in plugins.items():
         sub.add_parser(name, help=f"from {ep.value.split(':')[0]} (see `phalanx {name} --help`)", add_help=False)
@@ -321,7 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     try:
         args, extra = parser.parse_known_args(argv)
-        if extra and args.command not in ("train", "eval"):
+        if extra and args.command not in ("train", "eval", "check-env"):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         if args.command == "train":
             return cmd_train(args, extra)
@@ -336,6 +366,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_plot(args)
         if args.command == "envs":
             return cmd_envs(args)
+        if args.command == "check-env":
+            return cmd_check_env(args, extra)
     except PhalanxError as e:
         print(f"phalanx: error: {e}", file=sys.stderr)
         return 2

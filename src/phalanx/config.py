@@ -201,10 +201,7 @@ def resolve(*layers: dict[str, Any] | None) -> Config:
     env = merged.get("env", Config.env)
     if not isinstance(env, str):
         raise ConfigError(f"config key 'env' must be str, got {env!r}")
-    spec = registry.spec(env)
-    if spec is None and not any(env.startswith(p + ":") for p in registry._PREFIX_FACTORIES):
-        known = sorted(registry.registered()) + [f"{p}:<id>" for p in sorted(registry._PREFIX_FACTORIES)]
-        raise ConfigError(f"unknown env '{env}'; allowed: {', '.join(known)}")
+    spec = registry.check_name(env)
     base = dict(spec.train_defaults) if spec else {}
     env_opts = {**base.pop("env_options", {}), **env_opts}
     base.update(merged)

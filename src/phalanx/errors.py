@@ -9,6 +9,10 @@ class ConfigError(PhalanxError):
     """A config key, type or value is not allowed."""
 
 
+class EnvContractError(ConfigError):
+    """An environment breaks the env contract (docs/ENVIRONMENTS.md); `phalanx check-env` lists the rules."""
+
+
 class CheckpointError(PhalanxError):
     """A checkpoint or run file is missing, truncated, corrupt or from another run."""
 

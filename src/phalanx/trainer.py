@@ -30,6 +30,7 @@ from phalanx.config import Config, load_file, resolve
 from phalanx.distributed import Dist
 from phalanx.envs import make
 from phalanx.envs.base import VecEnv, generator_state, set_generator_state
+from phalanx.envs.check import check_env
 from phalanx.errors import CheckpointError, ConfigError, NonFiniteEnvError, NonFiniteLossError
 from phalanx.evaluate import evaluate_policy
 from phalanx.league import LEAGUE_FILE, League, parse_mix
@@ -123,6 +124,9 @@ class Trainer:
         # Each rank's envs and sampling follow their own seed stream.
         self.env_seed = cfg.seed + 1_000_033 * self.dist.rank
         self.env = make(cfg.env, num_envs=cfg.num_envs, device=self.device, seed=self.env_seed, **cfg.env_options)
+        # The cheap part of the env contract (docs/ENVIRONMENTS.md), so a broken env is refused here with
+        # one line, not by a torch error mid-run; the rollout's reset(seed) starts the env afresh after it.
+        check_env(self.env, quick=True)
         self.N, self.A = self.env.num_envs, self.env.num_agents
         check_model(cfg, self.env)
         slots = parse_teammates(cfg.teammates, self.env)

@@ -64,6 +64,9 @@ class VecEnv:
     # whole rollout step; other envs run eagerly beside a compiled policy.
     capturable: bool = False
     rng: Draws | None = None
+    # False where `state_dict` cannot hold the env's whole state (gymnasium / PettingZoo adapters: their
+    # envs cannot be saved); a resumed run then goes on from the envs' current episodes.
+    restorable: bool = True
 
     def reset(self, seed: int | None = None) -> StepRecord:
         raise NotImplementedError

@@ -347,6 +347,7 @@ class BucketBrigadeEnv(VecEnv):
         )
 
     def step(self, actions: torch.Tensor) -> StepRecord:
+        actions = self.action_space.check(actions, self.num_envs, self.num_agents)
         n, a, s = self.num_envs, self.num_agents, self.scenario
         act = actions.to(device=self.device, dtype=torch.long).reshape(n, a, 2)
         house = act[..., 0].clamp(0, NUM_HOUSES - 1)

@@ -110,6 +110,7 @@ class ClassicEnv(VecEnv):
         return self._record(obs, obs, zero, false, false, {})
 
     def step(self, actions: torch.Tensor) -> StepRecord:
+        actions = self.action_space.check(actions, self.num_envs, self.num_agents)
         nxt, reward, terminated = self._transition(self.physics_state, actions.to(self.device))
         self.elapsed += 1
         self.ep_return += reward

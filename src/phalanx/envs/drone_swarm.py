@@ -622,6 +622,7 @@ class DroneSwarmEnv(VecEnv):
         return new.sum(-1).float()
 
     def step(self, actions: torch.Tensor) -> StepRecord:
+        actions = self.action_space.check(actions, self.num_envs, self.num_agents)
         n, a, v, p, dev = self.num_envs, self.num_agents, self.num_victims, self.profile, self.device
         act = torch.nan_to_num(actions.to(device=dev, dtype=torch.float32).reshape(n, a, 4))
         alive = self.active

@@ -562,6 +562,7 @@ class DuelEnv(VecEnv):
                             false, false.clone(), obs, {})
 
     def step(self, actions: torch.Tensor) -> StepRecord:
+        actions = self.action_space.check(actions, self.num_envs, self.num_agents)
         n = self.num_envs
         keys = actions.to(device=self.device, dtype=torch.long).reshape(n, 2, NUM_KEYS).clamp(0, 1)
         rnd = self._draw()

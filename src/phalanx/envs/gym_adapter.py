@@ -50,6 +50,8 @@ class GymVecEnv(VecEnv):
     gymnasium envs cannot be saved and restored bit-identically, so a resumed run re-seeds them.
     """
 
+    restorable = False
+
     def __init__(self, env_id: str, num_envs: int = 1, device: torch.device | str = "cpu", seed: int | None = 0, **options: Any) -> None:
         import gymnasium as gym
         from gymnasium.vector import AutoresetMode, SyncVectorEnv
@@ -110,6 +112,7 @@ class GymVecEnv(VecEnv):
     def step(self, actions: torch.Tensor) -> StepRecord:
         from gymnasium import spaces as gs
 
+        actions = self.action_space.check(actions, self.num_envs, self.num_agents, values=True)
         a = actions.detach().cpu().numpy().reshape((self.num_envs, *self._single_act.shape))
         if isinstance(self._single_act, (gs.Discrete, gs.MultiDiscrete)):
             a = a.astype(np.int64) + self._single_act.start  # gymnasium spaces may start at non-zero

@@ -284,6 +284,8 @@ class PettingZooVecEnv(VecEnv):
     restored bit-identically, so a resumed run continues with the copies' current episodes.
     """
 
+    restorable = False
+
     def __init__(self, rest: str, num_envs: int = 1, device: torch.device | str = "cpu", seed: int | None = 0, **options: Any) -> None:
         _require_pettingzoo(f"env 'pz:{rest}'")
         factory = _load_factory(rest)
@@ -395,6 +397,7 @@ class PettingZooVecEnv(VecEnv):
                           trial_end=false.clone(), final_obs=o)
 
     def step(self, actions: torch.Tensor) -> StepRecord:
+        actions = self.action_space.check(actions, self.num_envs, self.num_agents, values=True)
         n, a = self.num_envs, self.num_agents
         acts = actions.detach().cpu().numpy().reshape((n, a, *self._single_act.shape))
         obs_buf = np.zeros((n, a, *self._obs_shape), dtype=np.float32)

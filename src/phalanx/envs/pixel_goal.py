@@ -487,6 +487,7 @@ class PixelGoalEnv(VecEnv):
         return self._record(obs, obs, zero, false, false.clone(), {})
 
     def step(self, actions: torch.Tensor) -> StepRecord:
+        actions = self.action_space.check(actions, self.num_envs, self.num_agents)
         return self._step(actions, all_frames=False)[0]
 
     def step_frames(self, actions: torch.Tensor) -> tuple[StepRecord, torch.Tensor]:

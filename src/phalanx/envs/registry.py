@@ -1,7 +1,19 @@
-"""Name -> environment factory, with declared options and per-env training defaults."""
+"""Name -> environment factory, with declared options and per-env training defaults.
+
+An env is named in one of four ways: a registered name (`cartpole`); a prefix name (`gym:<id>`,
+`pz:<module>:<fn>`); a plugin `package.module:attr`, imported on first use (from the current directory
+too, as `python -m` would), whose `attr` is an `EnvSpec` or a factory; or the name of an entry point in
+the `phalanx.envs` group of an installed package. The run directory keeps the name, so evaluation,
+resume and recordings make the env again the same way.
+"""
 
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
+import inspect
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,7 +22,7 @@ import torch
 
 from phalanx.coerce import coerce
 from phalanx.envs.base import VecEnv
-from phalanx.errors import ConfigError
+from phalanx.errors import ConfigError, PhalanxError
 
 
 @dataclass(frozen=True)
@@ -28,6 +40,8 @@ class EnvSpec:
     options: dict[str, EnvOption] = field(default_factory=dict)
     # Training defaults that suit this env (merged over the schema defaults, under user config).
     train_defaults: dict[str, Any] = field(default_factory=dict)
+    # No declared options: any keyword the factory's signature takes passes through (plugin factories).
+    free_options: bool = False
 
 
 _REGISTRY: dict[str, EnvSpec] = {}
@@ -47,8 +61,85 @@ def registered() -> dict[str, EnvSpec]:
     return dict(_REGISTRY)
 
 
+ENTRY_POINT_GROUP = "phalanx.envs"
+
+
 def spec(name: str) -> EnvSpec | None:
-    return _REGISTRY.get(name)
+    """The spec of a registered, plugin or entry-point env (loading it on first use); None for an
+    unknown name and for prefix names (`gym:...`), whose options the adapter checks."""
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    found = _plugin(name) if ":" in name else _entry_point(name)
+    if found is not None:
+        _REGISTRY[name] = found
+    return found
+
+
+def is_prefix_name(name: str) -> bool:
+    return name.split(":", 1)[0] in _PREFIX_FACTORIES and ":" in name
+
+
+def known_names() -> list[str]:
+    """What an unknown-env error lists."""
+    points = sorted(ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+    return sorted(_REGISTRY) + points + [f"{p}:<id>" for p in sorted(_PREFIX_FACTORIES)] + ["package.module:factory"]
+
+
+def check_name(name: str) -> EnvSpec | None:
+    """`spec(name)`, or a ConfigError naming what is allowed where the name is unknown."""
+    found = spec(name)
+    if found is None and not is_prefix_name(name):
+        raise ConfigError(f"unknown env '{name}'; allowed: {', '.join(known_names())}")
+    return found
+
+
+def _as_spec(name: str, obj: Any, origin: str) -> EnvSpec:
+    if isinstance(obj, EnvSpec):
+        return EnvSpec(name, obj.factory, obj.description, dict(obj.options), dict(obj.train_defaults), obj.free_options)
+    if callable(obj):
+        doc = (inspect.getdoc(obj) or "").strip().splitlines()
+        return EnvSpec(name, obj, doc[0] if doc else origin, free_options=True)
+    raise ConfigError(f"env plugin '{name}' ({origin}) is a {type(obj).__name__}; expected an EnvSpec or a factory "
+                      "(num_envs=, device=, seed=, **options) -> VecEnv")
+
+
+def _import(module: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name != module.split(".")[0] or os.getcwd() in sys.path:
+            raise
+    # `phalanx` runs as a console script, whose path does not hold the current directory.
+    sys.path.insert(0, os.getcwd())
+    return importlib.import_module(module)
+
+
+def _plugin(name: str) -> EnvSpec | None:
+    module, _, attr = name.partition(":")
+    if module in _PREFIX_FACTORIES or not attr.isidentifier() or not all(p.isidentifier() for p in module.split(".")):
+        return None
+    try:
+        mod = _import(module)
+    except ModuleNotFoundError as e:
+        if e.name is not None and module.startswith(e.name):
+            return None  # no such module: an unknown env
+        raise ConfigError(f"env plugin '{name}' failed to import: {type(e).__name__}: {e}") from None
+    except Exception as e:  # the user's module raised: one line, never a traceback
+        raise ConfigError(f"env plugin '{name}' failed to import: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    if not hasattr(mod, attr):
+        raise ConfigError(f"env plugin '{name}': module '{module}' has no attribute '{attr}'")
+    return _as_spec(name, getattr(mod, attr), f"{module}.{attr}")
+
+
+def _entry_point(name: str) -> EnvSpec | None:
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name == name:
+            try:
+                obj = ep.load()
+            except Exception as e:
+                raise ConfigError(f"env entry point '{name}' ({ep.value}) failed to load: {type(e).__name__}: {e}") from None
+            return _as_spec(name, obj, ep.value)
+    return None
 
 
 def _coerce_option(env: str, key: str, opt: EnvOption, value: Any) -> Any:
@@ -62,9 +153,18 @@ def _coerce_option(env: str, key: str, opt: EnvOption, value: Any) -> Any:
 
 
 def resolve_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
-    """Validate and fill `options` against the env's declared options."""
-    s = _REGISTRY.get(name)
+    """Validate and fill `options` against the env's declared options (a plugin factory's: its signature)."""
+    s = spec(name)
     if s is None:
+        return dict(options)
+    if s.free_options:
+        params = inspect.signature(s.factory).parameters
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            allowed = sorted(k for k, p in params.items() if k not in ("num_envs", "device", "seed")
+                             and p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD))
+            for key in options:
+                if key not in allowed:
+                    raise ConfigError(f"unknown env option '{key}' for '{name}'; allowed: {', '.join(allowed) or 'none'}")
         return dict(options)
     out = {}
     for key, value in options.items():
@@ -86,13 +186,17 @@ def make(
     if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
         raise ConfigError(f"num_envs must be a positive integer, got {num_envs!r}")
     device = torch.device(device)
-    if ":" in name:
+    if is_prefix_name(name):
         prefix, rest = name.split(":", 1)
-        if prefix in _PREFIX_FACTORIES:
-            return _PREFIX_FACTORIES[prefix](rest, num_envs=num_envs, device=device, seed=seed, **options)
-    s = _REGISTRY.get(name)
-    if s is None:
-        known = sorted(_REGISTRY) + [f"{p}:<id>" for p in sorted(_PREFIX_FACTORIES)]
-        raise ConfigError(f"unknown env '{name}'; allowed: {', '.join(known)}")
+        return _PREFIX_FACTORIES[prefix](rest, num_envs=num_envs, device=device, seed=seed, **options)
+    s = check_name(name)
     opts = resolve_options(name, options)
-    return s.factory(num_envs=num_envs, device=device, seed=seed, **opts)
+    try:
+        env = s.factory(num_envs=num_envs, device=device, seed=seed, **opts)
+    except PhalanxError:
+        raise
+    except Exception as e:  # a user's factory failed: one line naming it, never a traceback
+        raise ConfigError(f"env '{name}': its factory raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    if not isinstance(env, VecEnv):
+        raise ConfigError(f"env '{name}': its factory returned a {type(env).__name__}, not a phalanx.envs.VecEnv")
+    return env

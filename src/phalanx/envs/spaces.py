@@ -1,10 +1,40 @@
-"""Per-agent observation and action spaces (the batch and agent axes are implicit)."""
+"""Per-agent observation and action spaces (the batch and agent axes are implicit).
+
+`space.check(actions, num_envs, num_agents)` is how an env refuses bad actions: wrong dtype or shape
+always (free: nothing is read), out-of-range discrete actions where reading them is free (on the CPU,
+outside a compiled graph; on an accelerator it would stall the device every step, so there
+`phalanx check-env` and the trainer's first step check the range instead).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+
+
+class ActionError(ValueError):
+    """Actions that do not fit the action space; the message is one line."""
+
+
+def _batched(actions: torch.Tensor, num_envs: int, num_agents: int, shape: tuple[int, ...], what: str) -> torch.Tensor:
+    if not isinstance(actions, torch.Tensor):
+        raise ActionError(f"actions must be a torch.Tensor for {what}; got {type(actions).__name__}")
+    want = (num_envs, num_agents, *shape)
+    if tuple(actions.shape) == want:
+        return actions
+    if num_agents == 1 and tuple(actions.shape) == (num_envs, *shape):
+        return actions.unsqueeze(1)
+    raise ActionError(f"actions must have shape {list(want)} for {what}; got {list(actions.shape)}")
+
+
+def _value_checks_are_free(actions: torch.Tensor) -> bool:
+    return actions.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
+def _check_integer(actions: torch.Tensor, what: str) -> None:
+    if actions.dtype == torch.bool or actions.dtype.is_floating_point or actions.dtype.is_complex:
+        raise ActionError(f"actions must have an integer dtype for {what}; got {str(actions.dtype).replace('torch.', '')}")
 
 
 @dataclass(frozen=True)
@@ -17,6 +47,18 @@ class Discrete:
 
     def describe(self) -> str:
         return f"Discrete({self.n})"
+
+    def check(self, actions: torch.Tensor, num_envs: int, num_agents: int, values: bool | None = None) -> torch.Tensor:
+        """-> actions [N, A]; ActionError for a float dtype, a wrong shape or (where `values`, by default
+        where reading is free) a value outside [0, n)."""
+        what = self.describe()
+        actions = _batched(actions, num_envs, num_agents, (), what)
+        _check_integer(actions, what)
+        if (_value_checks_are_free(actions) if values is None else values) and actions.numel():
+            lo, hi = int(actions.min()), int(actions.max())
+            if lo < 0 or hi >= self.n:
+                raise ActionError(f"actions must lie in [0, {self.n}) for {what}; got {lo if lo < 0 else hi}")
+        return actions
 
 
 @dataclass(frozen=True)
@@ -36,6 +78,20 @@ class MultiDiscrete:
     def describe(self) -> str:
         gated = "".join(f", head {h} only when head {j} == {v}" for h, j, v in self.gates)
         return f"MultiDiscrete({list(self.nvec)}{gated})"
+
+    def check(self, actions: torch.Tensor, num_envs: int, num_agents: int, values: bool | None = None) -> torch.Tensor:
+        """-> actions [N, A, k]; as `Discrete.check`, per sub-action."""
+        what = self.describe()
+        actions = _batched(actions, num_envs, num_agents, self.shape, what)
+        _check_integer(actions, what)
+        if (_value_checks_are_free(actions) if values is None else values) and actions.numel():
+            nvec = torch.tensor(self.nvec, device=actions.device)
+            bad = (actions < 0) | (actions >= nvec)
+            if bool(bad.any()):
+                head = int(bad.reshape(-1, len(self.nvec)).any(0).nonzero()[0])
+                got = int(actions.reshape(-1, len(self.nvec))[:, head][bad.reshape(-1, len(self.nvec))[:, head]][0])
+                raise ActionError(f"actions[..., {head}] must lie in [0, {self.nvec[head]}) for {what}; got {got}")
+        return actions
 
 
 @dataclass(frozen=True)
@@ -57,6 +113,15 @@ class Box:
 
     def high_tensor(self, device: torch.device | str = "cpu") -> torch.Tensor:
         return torch.tensor(self.high, dtype=torch.float32, device=device).reshape(self.shape)
+
+    def check(self, actions: torch.Tensor, num_envs: int, num_agents: int, values: bool | None = None) -> torch.Tensor:
+        """-> actions [N, A, *shape]; ActionError for a non-float dtype or a wrong shape (the env clips or
+        rejects values outside [low, high] as its dynamics say)."""
+        what = self.describe()
+        actions = _batched(actions, num_envs, num_agents, self.shape, what)
+        if not actions.dtype.is_floating_point:
+            raise ActionError(f"actions must have a floating dtype for {what}; got {str(actions.dtype).replace('torch.', '')}")
+        return actions
 
     def describe(self) -> str:
         lo, hi = min(self.low), max(self.high)

@@ -197,6 +197,7 @@ class MultiTrialEnv(VecEnv):
         )
 
     def step(self, actions: torch.Tensor) -> StepRecord:
+        actions = self.action_space.check(actions, self.num_envs, self.num_agents)
         n, a, k, dev = self.num_envs, self.num_agents, self.trials, self.device
         prev_active = self.active
         rec = self.inner.step(actions)

@@ -1,0 +1,222 @@
+"""`check_env`: every rule of the env contract (docs/ENVIRONMENTS.md), each failure one line that names
+the field, what was expected and what came back.
+
+`quick=True` is the part the trainer runs before it creates the run directory: attributes, the reset
+record, one step's record, and `state_dict`. The full check adds auto-reset with `final_obs`, inactive
+slots, action validation, seeded determinism and the `state_dict` round trip. The check steps the env;
+reset it (with a seed) before using it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from phalanx.draws import Draws
+from phalanx.envs.base import StepRecord, VecEnv
+from phalanx.envs.spaces import ActionError, Box, Discrete, MultiDiscrete
+from phalanx.errors import EnvContractError
+
+BOOL_FIELDS = ("terminated", "truncated", "active", "trial_end")
+
+
+def _dt(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _fail(env: VecEnv, text: str) -> EnvContractError:
+    return EnvContractError(f"env '{env.name}': {text}")
+
+
+def check_attributes(env: VecEnv) -> None:
+    """The attributes every env declares (VecEnv's docstring)."""
+    if not isinstance(env, VecEnv):
+        raise EnvContractError(f"an env must subclass phalanx.envs.VecEnv; got {type(env).__name__}")
+    for name in ("num_envs", "num_agents"):
+        value = getattr(env, name, None)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise _fail(env, f"{name} must be a positive int; got {value!r}")
+    if not isinstance(getattr(env, "device", None), torch.device):
+        raise _fail(env, f"device must be a torch.device; got {getattr(env, 'device', None)!r}")
+    for name, kinds in (("observation_space", (Box,)), ("action_space", (Discrete, MultiDiscrete, Box))):
+        space = getattr(env, name, None)
+        if not isinstance(space, kinds):
+            allowed = ", ".join(k.__name__ for k in kinds)
+            raise _fail(env, f"{name} must be one of {allowed} (phalanx.envs); got {type(space).__name__}")
+    if env.observation_space.dtype not in (torch.float32, torch.uint8):
+        raise _fail(env, f"observation_space.dtype must be float32 or uint8; got {_dt(env.observation_space.dtype)}")
+    if env.state_space is not None and not isinstance(env.state_space, Box):
+        raise _fail(env, f"state_space must be a Box or None; got {type(env.state_space).__name__}")
+    roles = getattr(env, "roles", None)
+    if not isinstance(roles, torch.Tensor):
+        raise _fail(env, "roles must be a long tensor [num_agents] of role indices (all zeros: env.default_roles()); it is missing")
+    if tuple(roles.shape) != (env.num_agents,) or roles.dtype != torch.long or roles.device != env.device:
+        raise _fail(env, f"roles must be int64 [{env.num_agents}] on {env.device}; got {_dt(roles.dtype)} "
+                         f"{list(roles.shape)} on {roles.device}")
+    if not isinstance(env.role_names, tuple) or not env.role_names or not all(isinstance(r, str) for r in env.role_names):
+        raise _fail(env, f"role_names must be a non-empty tuple of str; got {env.role_names!r}")
+    if roles.numel() and (int(roles.min()) < 0 or int(roles.max()) >= len(env.role_names)):
+        raise _fail(env, f"roles must index role_names (0..{len(env.role_names) - 1}); got {roles.tolist()}")
+    if env.capturable and env.rng is not None and not isinstance(env.rng, Draws):
+        raise _fail(env, f"rng must be a phalanx.draws.Draws; got {type(env.rng).__name__}")
+
+
+def check_record(env: VecEnv, rec: object, where: str) -> StepRecord:
+    """Types, shapes, dtypes and devices of one record (`where`: 'reset' or 'step')."""
+    if not isinstance(rec, StepRecord):
+        hint = " (a gym-style tuple? build a phalanx.envs.StepRecord)" if isinstance(rec, tuple) else ""
+        raise _fail(env, f"{where}() must return a phalanx.envs.StepRecord; got {type(rec).__name__}{hint}")
+    n, a = env.num_envs, env.num_agents
+    space = env.observation_space
+
+    def tensor(field: str, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+        x = getattr(rec, field)
+        if not isinstance(x, torch.Tensor):
+            raise _fail(env, f"{where}() record.{field} must be a tensor {_dt(dtype)} {list(shape)}; got {type(x).__name__}")
+        if tuple(x.shape) != shape:
+            raise _fail(env, f"{where}() record.{field} must have shape {list(shape)}; got {list(x.shape)}")
+        if x.dtype != dtype:
+            raise _fail(env, f"{where}() record.{field} must be {_dt(dtype)}; got {_dt(x.dtype)}")
+        if x.device != env.device:
+            raise _fail(env, f"{where}() record.{field} must be on {env.device}; got {x.device}")
+
+    tensor("obs", (n, a, *space.shape), space.dtype)
+    tensor("final_obs", (n, a, *space.shape), space.dtype)
+    tensor("reward", (n, a), torch.float32)
+    for field in BOOL_FIELDS:
+        tensor(field, (n, a), torch.bool)
+    if env.state_space is None:
+        if rec.state is not None:
+            raise _fail(env, f"{where}() record.state is set but state_space is None; declare state_space (a Box)")
+    else:
+        tensor("state", (n, *env.state_space.shape), torch.float32)
+        tensor("final_state", (n, *env.state_space.shape), torch.float32)
+    if not isinstance(rec.info, dict):
+        raise _fail(env, f"{where}() record.info must be a dict of tensors; got {type(rec.info).__name__}")
+    for key, value in rec.info.items():
+        if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.shape[0] != n or value.device != env.device:
+            got = f"{list(value.shape)} on {value.device}" if isinstance(value, torch.Tensor) else type(value).__name__
+            raise _fail(env, f"{where}() record.info['{key}'] must be a tensor [num_envs={n}] or [{n}, {a}] on {env.device}; got {got}")
+    return rec
+
+
+def check_state_dict(env: VecEnv) -> dict[str, torch.Tensor]:
+    try:
+        state = env.state_dict()
+    except NotImplementedError:
+        raise _fail(env, "state_dict() is not implemented: checkpoints and resume need the env's dynamic state "
+                         "(tensors, generator state included: phalanx.envs.generator_state)") from None
+    if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
+        raise _fail(env, "state_dict() must return a dict of str -> torch.Tensor (saved with safetensors)")
+    return state
+
+
+def sample_actions(env: VecEnv, gen: torch.Generator) -> torch.Tensor:
+    """Uniformly random valid actions [N, A, ...] on the env's device (drawn on the CPU, so every device agrees)."""
+    n, a, space = env.num_envs, env.num_agents, env.action_space
+    if isinstance(space, Discrete):
+        out = torch.randint(0, space.n, (n, a), generator=gen)
+    elif isinstance(space, MultiDiscrete):
+        u = torch.rand(n, a, len(space.nvec), generator=gen)
+        out = (u * torch.tensor(space.nvec, dtype=torch.float32)).long()
+    else:
+        lo, hi = space.low_tensor(), space.high_tensor()
+        lo, hi = lo.clamp(min=-1.0), hi.clamp(max=1.0)  # unbounded boxes: sample the unit box
+        out = lo + (hi - lo) * torch.rand(n, a, *space.shape, generator=gen)
+    return out.to(env.device)
+
+
+def _guarded(env: VecEnv, what: str, fn: Callable[[], object]) -> object:
+    try:
+        return fn()
+    except EnvContractError:
+        raise
+    except Exception as e:  # the env's own code failed: one line, never a traceback
+        msg = str(e).splitlines()[0] if str(e) else ""
+        raise _fail(env, f"{what} raised {type(e).__name__}: {msg}") from None
+
+
+def _records_equal(a: StepRecord, b: StepRecord) -> str | None:
+    for field in ("obs", "reward", "terminated", "truncated", "active", "trial_end", "final_obs", "state"):
+        x, y = getattr(a, field), getattr(b, field)
+        if (x is None) != (y is None) or (x is not None and not torch.equal(x, y)):
+            return field
+    return None
+
+
+def check_env(env: VecEnv, steps: int = 64, seed: int = 7, quick: bool = False) -> None:
+    """Raise EnvContractError (one line) at the first broken rule; return None where all hold."""
+    check_attributes(env)
+    gen = torch.Generator().manual_seed(seed)
+    first = check_record(env, _guarded(env, "reset(seed)", lambda: env.reset(seed=seed)), "reset")
+    if bool(first.terminated.any() | first.truncated.any()):
+        raise _fail(env, "reset() record.terminated / truncated must be all False")
+    rec = check_record(env, _guarded(env, "step(actions)", lambda: env.step(sample_actions(env, gen))), "step")
+    check_state_dict(env)
+    if quick:
+        return
+    _check_actions_refused(env)
+    # Auto-reset, final_obs and inactive slots over a random run.
+    first = check_record(env, env.reset(seed=seed), "reset")
+    prev, trace, records = first, [], []
+    for t in range(steps):
+        actions = sample_actions(env, gen)
+        rec = check_record(env, _guarded(env, "step(actions)", lambda a=actions: env.step(a)), "step")
+        trace.append(actions)
+        records.append(rec)
+        # A slot that acted, goes on acting and did not end (nor did its env's episode or trial) keeps
+        # its observation: final_obs differs from obs only across a boundary.
+        ended = rec.terminated | rec.truncated | rec.trial_end
+        env_ended = (ended | ~prev.active).all(-1, keepdim=True) | rec.trial_end.any(-1, keepdim=True)
+        goes_on = prev.active & rec.active & ~ended & ~env_ended
+        same = (rec.final_obs == rec.obs).reshape(env.num_envs, env.num_agents, -1).all(-1)
+        if bool((goes_on & ~same).any()):
+            i, j = (goes_on & ~same).nonzero()[0].tolist()
+            raise _fail(env, f"step() record.final_obs must equal obs where no episode or trial ended (env {i}, slot {j}, "
+                             f"step {t}); final_obs is the last observation of an episode that ended, obs the next one's first")
+        idle = ~prev.active
+        if bool((idle & (rec.reward != 0)).any()):
+            raise _fail(env, f"step() record.reward must be 0 for slots that were inactive before the step (step {t})")
+        if bool((idle & (rec.terminated | rec.truncated)).any()):
+            raise _fail(env, f"step() record.terminated / truncated must be False for slots that were inactive before the step (step {t})")
+        prev = rec
+    # Seeded determinism: the same seed and actions give the same records.
+    again = env.reset(seed=seed)
+    if (field := _records_equal(first, again)) is not None:
+        raise _fail(env, f"reset(seed={seed}) must be deterministic: record.{field} differs between two resets with one seed")
+    for t, (actions, want) in enumerate(zip(trace, records)):
+        if (field := _records_equal(want, env.step(actions))) is not None:
+            raise _fail(env, f"step() must be deterministic after reset(seed): record.{field} differs at step {t} "
+                             "on the same seed and actions (draw randomness from the env's own seeded generator)")
+    if not env.restorable:
+        return
+    # state_dict round trip: restoring the state replays the same steps.
+    state = {k: v.clone() for k, v in check_state_dict(env).items()}
+    replay = trace[: max(1, min(8, len(trace)))]
+    ahead = [env.step(a) for a in replay]
+    _guarded(env, "load_state_dict(state_dict())", lambda: env.load_state_dict(state))
+    for a, want in zip(replay, ahead):
+        got = env.step(a)
+        if (field := _records_equal(want, got)) is not None:
+            raise _fail(env, f"load_state_dict(state_dict()) must restore the env: record.{field} differs after the round trip "
+                             "(is the generator state saved?)")
+
+
+def _check_actions_refused(env: VecEnv) -> None:
+    """Out-of-range and wrongly typed discrete actions must be refused (on the CPU, where reading them is free)."""
+    space = env.action_space
+    if env.device.type != "cpu" or not isinstance(space, (Discrete, MultiDiscrete)):
+        return
+    n, a = env.num_envs, env.num_agents
+    bad_shape = (n, a) if isinstance(space, Discrete) else (n, a, len(space.nvec))
+    high = space.n if isinstance(space, Discrete) else max(space.nvec)
+    for what, actions in ((f"action {high} (out of range)", torch.full(bad_shape, high, dtype=torch.long)),
+                          ("float actions", torch.full(bad_shape, 0.7))):
+        env.reset(seed=0)
+        try:
+            env.step(actions)
+        except (ActionError, ValueError, TypeError, IndexError, RuntimeError):
+            continue
+        raise _fail(env, f"step() accepted {what} for {space.describe()}; refuse them: "
+                         "actions = self.action_space.check(actions, self.num_envs, self.num_agents)")
