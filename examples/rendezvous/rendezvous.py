@@ -2,8 +2,8 @@
 
 Two walkers on a ring of `size` cells must meet. Each step every walker moves left, stays or moves
 right (Discrete(3)). Each sees its own position and the other's offset (both scaled to [-1, 1]); the
-global state (for `--critic mappo`) holds both positions. The team earns 1 when they stand on one
-cell, which ends the episode (`terminated`); a step costs 0.05 each; `max_steps` cuts the episode
+global state (for `--critic mappo`) holds both positions. They meet when at most one cell apart, which
+ends the episode (`terminated`) and pays each 1; a step costs each 0.05; `max_steps` cuts the episode
 (`truncated`). Random starts are drawn through `self.rng`, so `--compile` captures the whole rollout
 step. Train it from this directory, without installing anything:
 
@@ -31,8 +31,8 @@ class Rendezvous(VecEnv):
 
     def __init__(self, num_envs: int = 1, device: torch.device | str = "cpu", seed: int | None = 0,
                  size: int = 11, max_steps: int = 40):
-        if size < 3:
-            raise ValueError(f"size must be >= 3, got {size}")
+        if size < 5:
+            raise ValueError(f"size must be >= 5, got {size}")
         self.num_envs, self.device = num_envs, torch.device(device)
         self.size, self.max_steps = size, max_steps
         self.roles = torch.zeros(self.num_agents, dtype=torch.long, device=self.device)
@@ -52,9 +52,9 @@ class Rendezvous(VecEnv):
         return pos.float() / (self.size - 1)
 
     def _starts(self) -> torch.Tensor:
-        # Two distinct cells: the second walker starts 1..size-1 cells to the right of the first.
+        # Apart: the second walker starts 2..size-2 cells to the right of the first.
         first = self.rng.randint(0, self.size, (self.num_envs,), self.device)
-        gap = self.rng.randint(1, self.size, (self.num_envs,), self.device)
+        gap = self.rng.randint(2, self.size - 1, (self.num_envs,), self.device)
         return torch.stack([first, (first + gap) % self.size], -1)
 
     def _record(self, reward, terminated, truncated, final_obs, final_state, info) -> StepRecord:
@@ -80,7 +80,8 @@ class Rendezvous(VecEnv):
         actions = self.action_space.check(actions, self.num_envs, self.num_agents)
         pos = (self.pos + actions.reshape(self.num_envs, self.num_agents) - 1) % self.size
         self.elapsed += 1
-        met = pos[:, 0] == pos[:, 1]
+        apart = (pos[:, 0] - pos[:, 1]) % self.size
+        met = torch.minimum(apart, self.size - apart) <= 1
         timeout = (self.elapsed >= self.max_steps) & ~met
         reward = torch.where(met, 1.0, -0.05).unsqueeze(1).expand(-1, self.num_agents).contiguous()
         final_obs, final_state = self._obs(pos), self._state(pos)
