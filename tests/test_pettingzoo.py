@@ -10,11 +10,14 @@ import pytest
 import torch
 
 pytest.importorskip("pettingzoo")
+import json  # noqa: E402
+
 from gymnasium import spaces as gs  # noqa: E402
 from pettingzoo.test import parallel_api_test  # noqa: E402
 
 import phalanx  # noqa: E402
-from phalanx.envs import Box, MultiDiscrete, StepRecord, VecEnv, make, to_pettingzoo  # noqa: E402
+from phalanx.cli import main  # noqa: E402
+from phalanx.envs import Box, MultiDiscrete, StepRecord, VecEnv, check_env, make, to_pettingzoo  # noqa: E402
 from phalanx.errors import ConfigError  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
@@ -297,3 +300,39 @@ def test_phalanx_imports_without_pettingzoo():
         "    raise SystemExit('no error')\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=TESTS)
+
+
+MPE = "pz:mpe2.{}:parallel_env"
+
+
+def test_mixed_observation_spaces_are_padded_per_agent():
+    """simple_adversary: the adversary sees 8 features, the agents 10; each slot holds its own agent's
+    observation at fixed positions, zero-padded, and the global state comes from `state()`."""
+    pytest.importorskip("mpe2")
+    from mpe2 import simple_adversary_v3
+
+    env = make(MPE.format("simple_adversary_v3"), num_envs=2, seed=3, max_cycles=25)
+    assert env.observation_space.shape == (10,) and env.role_names == ("adversary", "agent")
+    assert env.roles.tolist() == [0, 1, 1] and env.state_space.shape == (28,)
+    rec = env.reset(seed=3)
+    ref = simple_adversary_v3.parallel_env(max_cycles=25)
+    obs, _ = ref.reset(seed=3)
+    np.testing.assert_allclose(rec.obs[0, 0, :8].numpy(), obs["adversary_0"])
+    assert (rec.obs[0, 0, 8:] == 0).all()
+    np.testing.assert_allclose(rec.obs[0, 1].numpy(), obs["agent_0"])
+    np.testing.assert_allclose(rec.state[0].numpy(), ref.state())
+    check_env(env, steps=30)
+
+
+@pytest.mark.parametrize("env_id, flags", [
+    ("simple_adversary_v3", ["--param-sharing", "per_role"]),
+    ("simple_tag_v3", ["--param-sharing", "per_role"]),
+    ("simple_spread_v3", ["--critic", "mappo"]),
+])
+def test_mpe_envs_train_from_the_command_line(tmp_path, env_id, flags):
+    pytest.importorskip("mpe2")
+    run = tmp_path / env_id
+    assert main(["train", "--env", MPE.format(env_id), "--max-cycles", "25", *flags, "--total-steps", "1024", "--num-envs", "4",
+                 "--num-steps", "32", "--progress", "false", "--tensorboard", "false", "--run-dir", str(run)]) == 0
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["env_options"] == {"max_cycles": 25}

@@ -70,3 +70,18 @@ def test_record_other_workloads(tmp_path, env):
 
     info = record_episode(None, env, tmp_path / "x.gif", max_steps=20)
     assert info["frames"] > 1 and (tmp_path / "x.gif").stat().st_size > 0
+
+
+def test_record_a_gym_env_from_the_command_line(tmp_path, monkeypatch):
+    """gymnasium draws Acrobot's frames (render_mode rgb_array, asked for only when recording)."""
+    pytest.importorskip("pygame")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))  # pygame's display check, headless
+    run = tmp_path / "acro"
+    assert main(["train", "--env", "gym:Acrobot-v1", "--total-steps", "256", "--num-envs", "2", "--num-steps", "64",
+                 "--progress", "false", "--tensorboard", "false", "--run-dir", str(run)]) == 0
+    gif = tmp_path / "acro.gif"
+    assert main(["eval", str(run), "--episodes", "1", "--record", str(gif)]) == 0
+    from PIL import Image
+
+    with Image.open(gif) as im:
+        assert im.n_frames > 10 and im.size == (500, 500)

@@ -26,7 +26,7 @@ def record_episode(policy: Player, env_name: str, path: str | Path, env_options:
     if suffix not in (".gif", ".mp4"):
         raise PhalanxError(f"--record '{path}': the file must end in .gif or .mp4")
     env = make(env_name, num_envs=1, device=device, seed=seed, **(env_options or {}))
-    if not callable(getattr(env, "render", None)):
+    if not env.renders:
         raise PhalanxError(f"env '{env_name}' cannot render, so it cannot be recorded")
     side = None
     if opponent is not None:

@@ -67,6 +67,8 @@ class VecEnv:
     # False where `state_dict` cannot hold the env's whole state (gymnasium / PettingZoo adapters: their
     # envs cannot be saved); a resumed run then goes on from the envs' current episodes.
     restorable: bool = True
+    # True where `render` draws frames (`phalanx eval --record`).
+    renders: bool = False
 
     def reset(self, seed: int | None = None) -> StepRecord:
         raise NotImplementedError
@@ -86,6 +88,10 @@ class VecEnv:
         Scripted policies may read the env's internal state; they must stay batched on the device.
         """
         raise KeyError(f"env '{self.name}' has no scripted policy '{name}'")
+
+    def render(self, env_index: int = 0) -> torch.Tensor:
+        """Env `env_index`'s current frame as uint8 [H, W, 3] on the CPU (where `renders`)."""
+        raise NotImplementedError(f"env '{self.name}' cannot render")
 
     def close(self) -> None:
         pass

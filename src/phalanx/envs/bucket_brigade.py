@@ -179,6 +179,7 @@ class BucketBrigadeEnv(VecEnv):
     """Batched bucket brigade (N envs, A agents); the rules and the choices are in the module docstring."""
 
     name = "bucket_brigade"
+    renders = True
     capturable = True
     # The house only matters when working: a resting agent stays at home.
     action_space = MultiDiscrete((NUM_HOUSES, 2), gates=((0, 1, WORK),))

@@ -151,6 +151,7 @@ class CartPoleEnv(ClassicEnv):
     """gymnasium CartPole-v1: push the cart left (0) or right (1); reward 1 per step, 500-step limit."""
 
     name = "cartpole"
+    renders = True
     state_dim = 4
     observation_space = Box(
         low=(-X_THRESHOLD * 2, -math.inf, -THETA_THRESHOLD * 2, -math.inf),

@@ -227,6 +227,7 @@ class DroneSwarmEnv(VecEnv):
     """Batched drone swarm (N envs, A drones with roles); the rules are in the module docstring."""
 
     name = "drone_swarm"
+    renders = True
     capturable = True
     role_names = ROLE_NAMES
     scripted_names = ("planner", "random")

@@ -222,6 +222,7 @@ class DuelEnv(VecEnv):
     """Batched 1v1 platform fighter (N envs, 2 fighters); the rules are in the module docstring."""
 
     name = "duel"
+    renders = True
     capturable = True
     num_agents = 2
     action_space = MultiDiscrete((2,) * NUM_KEYS)

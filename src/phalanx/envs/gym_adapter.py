@@ -57,13 +57,18 @@ class GymVecEnv(VecEnv):
         from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
         try:
-            gym.make(env_id, **options).close()  # fail here, with one line, on a bad id or option
+            probe = gym.make(env_id, **options)  # fail here, with one line, on a bad id or option
         except gym.error.Error as e:
             raise ConfigError(f"unknown gym env '{env_id}': {str(e).splitlines()[0]}") from None
         except TypeError as e:
             raise ConfigError(f"gym env '{env_id}' rejected options {options}: {str(e).splitlines()[0]}") from None
+        # Frames for --record: gymnasium draws an image only when asked (render_mode rgb_array renders
+        # lazily, on `render()`), so every copy is made able to.
+        self.renders = "render_mode" not in options and "rgb_array" in probe.metadata.get("render_modes", ())
+        probe.close()
+        make_options = {**options, "render_mode": "rgb_array"} if self.renders else options
         self.vec = SyncVectorEnv(
-            [lambda: gym.make(env_id, **options) for _ in range(num_envs)], autoreset_mode=AutoresetMode.SAME_STEP
+            [lambda: gym.make(env_id, **make_options) for _ in range(num_envs)], autoreset_mode=AutoresetMode.SAME_STEP
         )
         self.name = f"gym:{env_id}"
         self.num_envs = num_envs
@@ -144,6 +149,13 @@ class GymVecEnv(VecEnv):
             final_obs=final,
             info=ep_info,
         )
+
+    def render(self, env_index: int = 0) -> torch.Tensor:
+        """Copy `env_index`'s frame from gymnasium's `render()` (render_mode rgb_array)."""
+        if not self.renders:
+            raise NotImplementedError(f"gym env '{self.name}' has no rgb_array render mode")
+        frame = np.asarray(self.vec.envs[env_index].render(), dtype=np.uint8)
+        return torch.from_numpy(np.ascontiguousarray(frame[..., :3]))
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Empty: gymnasium envs cannot be restored bit-identically (a resume re-seeds them)."""

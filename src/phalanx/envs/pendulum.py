@@ -43,6 +43,7 @@ class PendulumEnv(ClassicEnv):
     """gymnasium Pendulum-v1: torque in [-2, 2] swings the pole up; 200-step limit, never terminates."""
 
     name = "pendulum"
+    renders = True
     state_dim = 2
     observation_space = Box(low=(-1.0, -1.0, -MAX_SPEED), high=(1.0, 1.0, MAX_SPEED), shape=(3,))
     action_space = Box.uniform(-MAX_TORQUE, MAX_TORQUE, (1,))

@@ -271,7 +271,11 @@ class PettingZooVecEnv(VecEnv):
     """N copies of a PettingZoo `ParallelEnv` as a phalanx VecEnv with A = len(possible_agents) slots.
 
     Slot j is `possible_agents[j]`; roles come from the agent names without their `_<number>`
-    suffix. All agents must share one observation space and one action space. An agent that is
+    suffix. All agents must share one action space. Agents whose observation spaces differ (MPE's
+    adversaries and agents) see their own observation flattened and zero-padded to the longest one,
+    so a per-role model (`--param-sharing per_role`) reads each role's features at fixed positions.
+    Where the env defines `state()` and `state_space`, the state feeds a centralized critic
+    (`--critic mappo`); `final_state` is the state before an auto-reset. An agent that is
     not in the copy's `agents` is an inactive slot (obs zero-filled, reward 0, active False); its
     own end is flagged `terminated`/`truncated` on its last active step (an agent that disappears
     without a flag counts as terminated), with its last observation in `final_obs`. When no agent
@@ -299,11 +303,14 @@ class PettingZooVecEnv(VecEnv):
             raise ConfigError(f"env 'pz:{rest}' has no possible_agents")
         self.num_agents = len(self.agent_names)
         self._slot = {a: j for j, a in enumerate(self.agent_names)}
-        self._check_shared_spaces(first, rest)
-        self._single_obs = first.observation_space(self.agent_names[0])
+        self._check_shared_action_space(first, rest)
         self._single_act = first.action_space(self.agent_names[0])
-        self.observation_space, self._flatten = _map_obs_space(self._single_obs)
         self.action_space = _map_action_space(self._single_act, self.name)
+        self._obs_spaces = {a: first.observation_space(a) for a in self.agent_names}
+        self.observation_space, self._flatten = self._plan_observations(rest)
+        self._state_space = getattr(first, "state_space", None)  # PettingZoo's optional state API
+        if self._state_space is not None:
+            self.state_space = Box.uniform(-np.inf, np.inf, (int(np.prod(self._state_space.shape)),))
         role_of = [_role_of(a) for a in self.agent_names]
         self.role_names = tuple(dict.fromkeys(role_of))
         self.roles = torch.tensor([self.role_names.index(r) for r in role_of], dtype=torch.long, device=self.device)
@@ -333,30 +340,59 @@ class PettingZooVecEnv(VecEnv):
             raise ConfigError(f"env 'pz:{rest}': the factory returned {type(env).__name__}, not a PettingZoo ParallelEnv")
         return env
 
-    def _check_shared_spaces(self, env: Any, rest: str) -> None:
+    def _check_shared_action_space(self, env: Any, rest: str) -> None:
         ref = self.agent_names[0]
-        for kind in ("observation", "action"):
-            get = getattr(env, f"{kind}_space")
-            ref_space = get(ref)
-            differ = [a for a in self.agent_names[1:] if get(a) != ref_space]
-            if differ:
-                raise ConfigError(
-                    f"env 'pz:{rest}': agents must share one {kind} space; {ref} has {ref_space} but "
-                    + ", ".join(f"{a} has {get(a)}" for a in differ)
-                )
+        ref_space = env.action_space(ref)
+        differ = [a for a in self.agent_names[1:] if env.action_space(a) != ref_space]
+        if differ:
+            raise ConfigError(
+                f"env 'pz:{rest}': agents must share one action space; {ref} has {ref_space} but "
+                + ", ".join(f"{a} has {env.action_space(a)}" for a in differ)
+            )
 
-    # -- conversions -----------------------------------------------------------------------------
-    def _obs_one(self, o: Any) -> np.ndarray:
+    def _plan_observations(self, rest: str) -> tuple[Box, bool]:
+        """One per-slot Box for every agent: the shared space, or each agent's flattened observation
+        zero-padded to the longest (bounds: the loosest over agents, 0 in the padding)."""
         from gymnasium import spaces as gs
 
-        arr = gs.flatten(self._single_obs, o) if self._flatten else np.asarray(o)
-        return np.asarray(arr, dtype=np.float32).reshape(self._obs_shape)
+        spaces = list(self._obs_spaces.values())
+        if all(sp == spaces[0] for sp in spaces[1:]):
+            return _map_obs_space(spaces[0])
+        flat = {}
+        for a, sp in self._obs_spaces.items():
+            box = gs.flatten_space(sp)
+            if not isinstance(box, gs.Box):
+                raise ConfigError(f"env 'pz:{rest}': the observation space of {a} ({sp}) cannot be flattened to a Box")
+            flat[a] = box
+        width = max(int(np.prod(b.shape)) for b in flat.values())
+        low, high = np.zeros(width), np.zeros(width)
+        for b in flat.values():
+            k = int(np.prod(b.shape))
+            low[:k] = np.minimum(low[:k], b.low.ravel())
+            high[:k] = np.maximum(high[:k], b.high.ravel())
+        return Box(tuple(low.tolist()), tuple(high.tolist()), (width,)), True
+
+    # -- conversions -----------------------------------------------------------------------------
+    def _obs_one(self, agent: str, o: Any) -> np.ndarray:
+        from gymnasium import spaces as gs
+
+        if not self._flatten:
+            return np.asarray(o, dtype=np.float32).reshape(self._obs_shape)
+        arr = np.asarray(gs.flatten(self._obs_spaces[agent], o), dtype=np.float32).ravel()
+        out = np.zeros(self._obs_shape, dtype=np.float32)
+        out[: arr.size] = arr
+        return out
 
     def _fill(self, i: int, obs: dict[str, Any], agents: list[str], out: np.ndarray) -> None:
         out[i] = 0.0
         for a in agents:
             if a in obs and a in self._slot:
-                out[i, self._slot[a]] = self._obs_one(obs[a])
+                out[i, self._slot[a]] = self._obs_one(a, obs[a])
+
+    def _states(self) -> np.ndarray | None:
+        if self._state_space is None:
+            return None
+        return np.stack([np.asarray(env.state(), dtype=np.float32).ravel() for env in self.envs])
 
     def _t(self, x: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
         return torch.as_tensor(np.ascontiguousarray(x)).to(device=self.device, dtype=dtype)
@@ -392,9 +428,11 @@ class PettingZooVecEnv(VecEnv):
         self._ep_length[:] = 0
         o = self._t(obs_buf, self._obs_dtype)
         false = torch.zeros(n, a, dtype=torch.bool, device=self.device)
+        st = self._states()
+        state = None if st is None else self._t(st, torch.float32)
         return StepRecord(obs=o, reward=torch.zeros(n, a, device=self.device), terminated=false,
                           truncated=false.clone(), active=self._t(self._active, torch.bool),
-                          trial_end=false.clone(), final_obs=o)
+                          trial_end=false.clone(), final_obs=o, state=state, final_state=state)
 
     def step(self, actions: torch.Tensor) -> StepRecord:
         actions = self.action_space.check(actions, self.num_envs, self.num_agents, values=True)
@@ -407,9 +445,12 @@ class PettingZooVecEnv(VecEnv):
         trunc = np.zeros((n, a), dtype=bool)
         active = np.zeros((n, a), dtype=bool)
         ep_done = np.zeros(n, dtype=bool)
+        final_state = None if self._state_space is None else np.zeros((n, *self.state_space.shape), dtype=np.float32)
         for i, env in enumerate(self.envs):
             acting = list(env.agents)
             obs, rew, te, tr, _ = env.step(self._actions_for(env, acts[i]))
+            if final_state is not None:
+                final_state[i] = np.asarray(env.state(), dtype=np.float32).ravel()
             remaining = [ag for ag in env.agents if not (te.get(ag, False) or tr.get(ag, False))]
             # The last observation of every slot that acted (or just appeared): final_obs.
             self._fill(i, obs, list(obs), final_buf)
@@ -454,6 +495,8 @@ class PettingZooVecEnv(VecEnv):
             active=self._t(active, torch.bool),
             trial_end=torch.zeros(n, a, dtype=torch.bool, device=self.device),
             final_obs=self._t(final_buf, self._obs_dtype),
+            state=None if final_state is None else self._t(self._states(), torch.float32),
+            final_state=None if final_state is None else self._t(final_state, torch.float32),
             info=info,
         )
 

@@ -338,6 +338,7 @@ class PixelGoalEnv(VecEnv):
     """pixel_goal: see the module docstring."""
 
     name = "pixel_goal"
+    renders = True
     capturable = True
     num_agents = 1
     action_space = Discrete(len(ACTION_NAMES))

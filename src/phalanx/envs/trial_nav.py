@@ -103,6 +103,7 @@ class TrialNavWorld(VecEnv):
     """One trial of trial_nav (the `MultiTrialEnv` inner protocol); the rules are in the module docstring."""
 
     name = "trial_nav_world"
+    renders = True
     action_space = Discrete(5)
     role_names = ("ego",)
     scripted_names = ("random", "sweep", "remember", "oracle")

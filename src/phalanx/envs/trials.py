@@ -81,6 +81,9 @@ class TrialWorld(Protocol):
     num_envs: int
     num_agents: int
     device: torch.device
+    renders: bool
+
+    def render(self, env_index: int = 0) -> torch.Tensor: ...
 
     def reset_envs(self, mask: torch.Tensor, seeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]: ...
 
@@ -282,6 +285,10 @@ class MultiTrialEnv(VecEnv):
         self.length_sum = state["length_sum"].to(device=dev, dtype=torch.float32).reshape(n).clone()
         set_generator_state(self.gen, state["rng"])
 
+    @property
+    def renders(self) -> bool:  # type: ignore[override]
+        return self.inner.renders
+
     def close(self) -> None:
         self.inner.close()
 
@@ -289,10 +296,9 @@ class MultiTrialEnv(VecEnv):
         """The inner env's `render(env_index)` with a 20-px strip below it: one box per trial, past
         trials shaded red (no slot succeeded) to green (all did), the current one outlined with the
         time used of `max_trial_steps`, later ones grey. uint8 [H + 20, W, 3] on the CPU."""
-        inner_render = getattr(self.inner, "render", None)
-        if not callable(inner_render):
+        if not self.inner.renders:
             raise NotImplementedError(f"{type(self.inner).__name__} cannot render")
-        top = inner_render(env_index).cpu()
+        top = self.inner.render(env_index).cpu()
         w = top.shape[1]
         strip = draw.canvas(20, w, (250, 250, 250))
         k, cur = self.trials, int(self.trial[env_index])
