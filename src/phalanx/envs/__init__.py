@@ -12,6 +12,7 @@ from phalanx.envs import pixel_goal as _pixel_goal  # noqa: F401,E402
 from phalanx.envs import trial_nav as _trial_nav  # noqa: F401,E402
 from phalanx.envs.base import StepRecord, VecEnv, generator_state, set_generator_state
 from phalanx.envs.check import check_env
+from phalanx.envs.gym_export import to_gymnasium, to_sb3
 from phalanx.envs.pettingzoo_adapter import to_pettingzoo
 from phalanx.envs.registry import EnvOption, EnvSpec, make, register, register_prefix, registered, spec
 from phalanx.envs.spaces import ActionError, Box, Discrete, MultiDiscrete
@@ -19,5 +20,5 @@ from phalanx.envs.spaces import ActionError, Box, Discrete, MultiDiscrete
 __all__ = [
     "ActionError", "Box", "Discrete", "EnvOption", "EnvSpec", "MultiDiscrete", "StepRecord", "VecEnv",
     "check_env", "generator_state", "make", "register", "register_prefix", "registered", "set_generator_state", "spec",
-    "to_pettingzoo",
+    "to_gymnasium", "to_pettingzoo", "to_sb3",
 ]

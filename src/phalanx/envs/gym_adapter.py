@@ -42,8 +42,28 @@ def _map_action_space(space: Any, env_id: str) -> Space:
     raise ConfigError(f"gym env '{env_id}' has an unsupported action space {space}")
 
 
+def gym_space_of(space: Space) -> Any:
+    """A phalanx per-agent space as the equivalent gymnasium space."""
+    from gymnasium import spaces as gs
+
+    if isinstance(space, Discrete):
+        return gs.Discrete(space.n)
+    if isinstance(space, MultiDiscrete):
+        return gs.MultiDiscrete(np.asarray(space.nvec, dtype=np.int64))
+    if isinstance(space, Box):
+        dtype = np.uint8 if space.dtype == torch.uint8 else np.float32
+        low = np.asarray(space.low, dtype=np.float64).reshape(space.shape)
+        high = np.asarray(space.high, dtype=np.float64).reshape(space.shape)
+        if dtype == np.uint8:
+            return gs.Box(low.astype(np.uint8), high.astype(np.uint8), shape=space.shape, dtype=np.uint8)
+        return gs.Box(low.astype(np.float32), high.astype(np.float32), shape=space.shape, dtype=np.float32)
+    raise ConfigError(f"space {space!r} has no gymnasium equivalent")
+
+
 class GymVecEnv(VecEnv):
-    """A gymnasium env id run as `SyncVectorEnv` (same-step autoreset) with torch tensors on `device`.
+    """A gymnasium env id run as `SyncVectorEnv` (same-step autoreset) with torch tensors on `device`;
+    with `vectorization_mode="async"` (`--vectorization-mode async`) as `AsyncVectorEnv`, one process per
+    copy, for envs whose step is slow enough to pay for the pipes.
 
     Env i is seeded with `seed + i` at the first reset (or at `reset(seed)`). Stepping copies
     actions to the host, so this is for checks and small runs, not speed. `state_dict` is empty:
@@ -52,9 +72,13 @@ class GymVecEnv(VecEnv):
 
     restorable = False
 
-    def __init__(self, env_id: str, num_envs: int = 1, device: torch.device | str = "cpu", seed: int | None = 0, **options: Any) -> None:
+    def __init__(self, env_id: str, num_envs: int = 1, device: torch.device | str = "cpu", seed: int | None = 0,
+                 vectorization_mode: str = "sync", **options: Any) -> None:
         import gymnasium as gym
-        from gymnasium.vector import AutoresetMode, SyncVectorEnv
+        from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
+
+        if vectorization_mode not in ("sync", "async"):
+            raise ConfigError(f"env option 'vectorization_mode' of 'gym:{env_id}' must be one of sync, async; got {vectorization_mode!r}")
 
         try:
             probe = gym.make(env_id, **options)  # fail here, with one line, on a bad id or option
@@ -67,9 +91,9 @@ class GymVecEnv(VecEnv):
         self.renders = "render_mode" not in options and "rgb_array" in probe.metadata.get("render_modes", ())
         probe.close()
         make_options = {**options, "render_mode": "rgb_array"} if self.renders else options
-        self.vec = SyncVectorEnv(
-            [lambda: gym.make(env_id, **make_options) for _ in range(num_envs)], autoreset_mode=AutoresetMode.SAME_STEP
-        )
+        vector = SyncVectorEnv if vectorization_mode == "sync" else AsyncVectorEnv
+        self.vec = vector([lambda: gym.make(env_id, **make_options) for _ in range(num_envs)],
+                          autoreset_mode=AutoresetMode.SAME_STEP)
         self.name = f"gym:{env_id}"
         self.num_envs = num_envs
         self.device = torch.device(device)
@@ -154,7 +178,7 @@ class GymVecEnv(VecEnv):
         """Copy `env_index`'s frame from gymnasium's `render()` (render_mode rgb_array)."""
         if not self.renders:
             raise NotImplementedError(f"gym env '{self.name}' has no rgb_array render mode")
-        frame = np.asarray(self.vec.envs[env_index].render(), dtype=np.uint8)
+        frame = np.asarray(self.vec.call("render")[env_index], dtype=np.uint8)
         return torch.from_numpy(np.ascontiguousarray(frame[..., :3]))
 
     def state_dict(self) -> dict[str, torch.Tensor]:

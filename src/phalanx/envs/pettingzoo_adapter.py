@@ -18,9 +18,9 @@ import numpy as np
 import torch
 
 from phalanx.envs.base import StepRecord, VecEnv
-from phalanx.envs.gym_adapter import _map_action_space, _map_obs_space
+from phalanx.envs.gym_adapter import _map_action_space, _map_obs_space, gym_space_of
 from phalanx.envs.registry import register_prefix
-from phalanx.envs.spaces import Box, Discrete, MultiDiscrete, Space
+from phalanx.envs.spaces import Box, Discrete, MultiDiscrete
 from phalanx.errors import ConfigError
 
 
@@ -35,24 +35,6 @@ def _require_pettingzoo(what: str) -> Any:
 # --------------------------------------------------------------------------------------------------
 # Export: a phalanx env as a PettingZoo ParallelEnv
 # --------------------------------------------------------------------------------------------------
-
-
-def _gym_space(space: Space) -> Any:
-    """A phalanx per-agent space as the equivalent gymnasium space."""
-    from gymnasium import spaces as gs
-
-    if isinstance(space, Discrete):
-        return gs.Discrete(space.n)
-    if isinstance(space, MultiDiscrete):
-        return gs.MultiDiscrete(np.asarray(space.nvec, dtype=np.int64))
-    if isinstance(space, Box):
-        dtype = np.uint8 if space.dtype == torch.uint8 else np.float32
-        low = np.asarray(space.low, dtype=np.float64).reshape(space.shape)
-        high = np.asarray(space.high, dtype=np.float64).reshape(space.shape)
-        if dtype == np.uint8:
-            return gs.Box(low.astype(np.uint8), high.astype(np.uint8), shape=space.shape, dtype=np.uint8)
-        return gs.Box(low.astype(np.float32), high.astype(np.float32), shape=space.shape, dtype=np.float32)
-    raise ConfigError(f"space {space!r} has no gymnasium equivalent")
 
 
 def _agent_names(env: VecEnv) -> list[str]:
@@ -113,12 +95,12 @@ def _parallel_env_class() -> type:
             self.metadata = {"name": f"phalanx_{venv.name}", "render_modes": [], "is_parallelizable": True}
             self.possible_agents = _agent_names(venv)
             self._slot = {a: i for i, a in enumerate(self.possible_agents)}
-            obs_space = _gym_space(venv.observation_space)
-            act_space = _gym_space(venv.action_space)
+            obs_space = gym_space_of(venv.observation_space)
+            act_space = gym_space_of(venv.action_space)
             # The same object per agent, every call (parallel_api_test checks identity).
             self.observation_spaces = {a: obs_space for a in self.possible_agents}
             self.action_spaces = {a: act_space for a in self.possible_agents}
-            self.state_space = None if venv.state_space is None else _gym_space(venv.state_space)
+            self.state_space = None if venv.state_space is None else gym_space_of(venv.state_space)
             self.agents: list[str] = []
             self._finished: set[str] = set()
             self._record: StepRecord | None = None
