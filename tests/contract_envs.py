@@ -169,6 +169,11 @@ class DoneAtReset(GoodEnv):
         return rec
 
 
+class ObsOnAnotherDevice(GoodEnv):
+    def obs(self):
+        return super().obs().to("meta")  # any device but env.device
+
+
 class RoleOutOfRange(GoodEnv):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -192,6 +197,7 @@ BROKEN = {
     "info_scalar": (InfoScalar, "reset() record.info['at_goal'] must be a tensor [num_envs=4]"),
     "done_at_reset": (DoneAtReset, "reset() record.terminated / truncated must be all False"),
     "role_out_of_range": (RoleOutOfRange, "roles must index role_names (0..1); got [0, 2]"),
+    "obs_on_another_device": (ObsOnAnotherDevice, "reset() record.obs must be on cpu; got meta"),
 }
 
 # Plugin factories of the broken envs (`--env tests.contract_envs:<name>`).

@@ -150,3 +150,12 @@ def test_alternating_measure_takes_turns_and_pairs_rounds():
     assert got["a"]["windows"] == got["b"]["windows"] >= 2
     assert bench.median_ratio(got["a"], got["b"]) == pytest.approx(2.0)
     assert got["a"]["sps"] == pytest.approx(400.0)
+
+
+def test_suite_measures_a_plugin_env(tmp_path, capsys):
+    assert main(["bench", "suite", "--workloads", "tests.contract_envs:good", *TINY, "--no-profile", "--out", str(tmp_path),
+                 "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert [(r["workload"], r["num_envs"]) for r in result["rows"]] == [("tests.contract_envs:good", 8)]
+    assert main(["bench", "suite", "--workloads", "nosuch.mod:make"]) == 2
+    assert "or package.module:factory" in capsys.readouterr().err

@@ -627,9 +627,16 @@ def parse_workloads(text: str | None) -> list[str]:
     if text is None:
         return allowed
     picked = list(dict.fromkeys(w.strip() for w in text.split(",") if w.strip()))
-    unknown = [w for w in picked if w not in allowed] or ([] if picked else [text])
-    if unknown:
-        raise BenchError(f"bench: unknown workload '{unknown[0]}'; allowed: {', '.join(allowed)}")
+    if not picked:
+        raise BenchError(f"bench: unknown workload '{text}'; allowed: {', '.join(allowed)}")
+    for w in picked:
+        if w in allowed:
+            continue
+        try:  # a plugin (package.module:factory) or an entry point; the slow gym: / pz: adapters are not workloads
+            if registry.is_prefix_name(w) or registry.check_name(w) is None:
+                raise ConfigError(w)
+        except ConfigError:
+            raise BenchError(f"bench: unknown workload '{w}'; allowed: {', '.join(allowed)}, or package.module:factory") from None
     return picked
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from phalanx.envs.base import StepRecord, VecEnv
+from phalanx.envs.base import VecEnv
 from phalanx.envs.gym_adapter import gym_space_of
 from phalanx.envs.spaces import Box
 from phalanx.errors import ConfigError
@@ -27,7 +27,7 @@ def _single_agent(env: VecEnv, what: str) -> None:
 
 
 class _Bridge:
-    """Host-side conversions shared by both exports."""
+    """Host-side conversions of the gymnasium export."""
 
     def __init__(self, env: VecEnv):
         self.env = env
@@ -42,10 +42,10 @@ class _Bridge:
     def numpy(x: torch.Tensor) -> np.ndarray:
         return x[:, 0].cpu().numpy()
 
-    def step(self, actions: Any) -> tuple[StepRecord, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """-> obs, final_obs, reward, terminated, truncated of the batch, as numpy."""
         rec = self.env.step(self.actions(actions))
-        obs, final = self.numpy(rec.obs), self.numpy(rec.final_obs)
-        return rec, obs, final, self.numpy(rec.reward), self.numpy(rec.terminated), self.numpy(rec.truncated)
+        return tuple(self.numpy(x) for x in (rec.obs, rec.final_obs, rec.reward, rec.terminated, rec.truncated))
 
 
 def to_gymnasium(env: VecEnv) -> Any:
@@ -55,13 +55,14 @@ def to_gymnasium(env: VecEnv) -> Any:
 
 
 def to_sb3(env: VecEnv) -> Any:
-    """`env` (single agent) as a Stable-Baselines3 `VecEnv` (needs stable-baselines3)."""
+    """`env` (single agent) as a Stable-Baselines3 `VecEnv`: SB3's interface over `to_gymnasium(env)`
+    (needs stable-baselines3)."""
     _single_agent(env, "to_sb3")
     try:
         cls = _sb3_class()
     except ImportError:
         raise ConfigError("to_sb3 needs stable-baselines3; install it with `pip install stable-baselines3`") from None
-    return cls(env)
+    return cls(to_gymnasium(env))
 
 
 _CLASSES: dict[str, type] = {}
@@ -93,7 +94,7 @@ def _vector_env_class() -> type:
             return self.bridge.numpy(self.env.reset(seed=seed).obs), {}
 
         def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
-            _, obs, final, reward, term, trunc = self.bridge.step(actions)
+            obs, final, reward, term, trunc = self.bridge.step(actions)
             infos: dict = {}
             for i in np.flatnonzero(term | trunc):
                 infos = self._add_info(infos, {"final_obs": final[i], "final_info": {}}, int(i))
@@ -112,18 +113,19 @@ def _sb3_class() -> type:
     from stable_baselines3.common.vec_env import VecEnv as SB3VecEnv
 
     class PhalanxSB3VecEnv(SB3VecEnv):
-        """A Phalanx env batch as a Stable-Baselines3 `VecEnv` (see the module docstring)."""
+        """A gymnasium `VectorEnv` with same-step autoreset (here: `to_gymnasium`'s) as a
+        Stable-Baselines3 `VecEnv` (see the module docstring)."""
 
-        def __init__(self, env: VecEnv):
-            self.env, self.bridge = env, _Bridge(env)
+        def __init__(self, vec: Any):
+            self.vec = vec
             self.render_mode = None
-            super().__init__(env.num_envs, gym_space_of(env.observation_space), gym_space_of(env.action_space))
+            super().__init__(vec.num_envs, vec.single_observation_space, vec.single_action_space)
             self._actions: Any = None
             self._seed: int | None = None
 
         def reset(self) -> np.ndarray:
             seed, self._seed = self._seed, None
-            return self.bridge.numpy(self.env.reset(seed=seed).obs)
+            return self.vec.reset(seed=seed)[0]
 
         def seed(self, seed: int | None = None) -> list[int | None]:
             self._seed = seed
@@ -133,24 +135,24 @@ def _sb3_class() -> type:
             self._actions = actions
 
         def step_wait(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[dict]]:
-            _, obs, final, reward, term, trunc = self.bridge.step(self._actions)
+            obs, reward, term, trunc, info = self.vec.step(self._actions)
             done = term | trunc
             infos: list[dict] = [{} for _ in range(self.num_envs)]
             for i in np.flatnonzero(done):
-                infos[i] = {"terminal_observation": final[i], "TimeLimit.truncated": bool(trunc[i] and not term[i])}
+                infos[i] = {"terminal_observation": info["final_obs"][i], "TimeLimit.truncated": bool(trunc[i] and not term[i])}
             return obs, reward, done, infos
 
         def close(self) -> None:
-            self.env.close()
+            self.vec.close()
 
         def get_attr(self, attr_name: str, indices: Any = None) -> list[Any]:
-            return [getattr(self.env, attr_name)] * len(self._get_indices(indices))
+            return [getattr(self.vec.env, attr_name)] * len(self._get_indices(indices))
 
         def set_attr(self, attr_name: str, value: Any, indices: Any = None) -> None:
-            setattr(self.env, attr_name, value)
+            setattr(self.vec.env, attr_name, value)
 
         def env_method(self, method_name: str, *args: Any, indices: Any = None, **kwargs: Any) -> list[Any]:
-            return [getattr(self.env, method_name)(*args, **kwargs)] * len(self._get_indices(indices))
+            return [getattr(self.vec.env, method_name)(*args, **kwargs)] * len(self._get_indices(indices))
 
         def env_is_wrapped(self, wrapper_class: type, indices: Any = None) -> list[bool]:
             return [False] * len(self._get_indices(indices))
