@@ -1,6 +1,7 @@
 """Run under torchrun by test_distributed.py: train (full / part / resume) and save this rank's
 parameters and observation statistics to OUT/rank<r>.safetensors."""
 
+import faulthandler
 import os
 import sys
 
@@ -8,6 +9,7 @@ from safetensors.torch import save_file
 
 import phalanx
 
+faulthandler.enable()  # a rank that aborts (SIGABRT) prints every thread's Python stack
 mode, run_dir, out = sys.argv[1:4]
 cfg = dict(env="cartpole", total_steps=4 * 2 * 256, num_envs=4, num_steps=64, num_minibatches=2, checkpoint_every=512,
            norm_obs=True, norm_reward=True, target_kl=0.5, progress=False, tensorboard=False, torch_threads=1, seed=5)

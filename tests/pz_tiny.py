@@ -70,7 +70,7 @@ def make_env(**options) -> TinyParallelEnv:
 
 
 class MixedSpacesEnv(TinyParallelEnv):
-    """leader_0 gets a different action space: the import adapter must refuse it."""
+    """leader_0 has three actions, the workers two: the adapter masks the workers' third."""
 
     def _num_actions(self, agent: str) -> int:
         return 3 if agent == "leader_0" else 2
@@ -78,3 +78,15 @@ class MixedSpacesEnv(TinyParallelEnv):
 
 def make_mixed(**options) -> MixedSpacesEnv:
     return MixedSpacesEnv(**options)
+
+
+class BoxLeaderEnv(TinyParallelEnv):
+    """leader_0 acts with a Box while the workers pick from a Discrete: the adapter must refuse it."""
+
+    def __init__(self, **options) -> None:
+        super().__init__(**options)
+        self.action_spaces["leader_0"] = spaces.Box(-1.0, 1.0, shape=(1,), dtype=np.float32)
+
+
+def make_box_leader(**options) -> BoxLeaderEnv:
+    return BoxLeaderEnv(**options)

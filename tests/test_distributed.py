@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,13 @@ def torchrun(*args: str, out: Path) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            str(WORKER), *args, str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    if proc.returncode != 0 and "terminate called without an active exception" in proc.stderr:
+        # A rank aborting in C++ (seen twice in ~12 full runs on a loaded 2-core machine, never alone;
+        # faulthandler in the worker prints where): the run is repeated once, every check still applies.
+        print("torchrun: a rank aborted; repeating the run once\n" + proc.stderr[-4000:], file=sys.stderr)
+        if args[0] != "resume":  # a fresh run starts over; a resume goes on from its latest checkpoint
+            shutil.rmtree(args[1], ignore_errors=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 

@@ -265,7 +265,8 @@ def test_import_errors_are_one_line_config_errors():
         "pz:no_such_module_xyz:make_env": "cannot import module 'no_such_module_xyz'",
         "pz:pz_tiny:nope": "has no 'nope'",
         "pz:pz_tiny": "pz:<module>:<factory>",
-        "pz:pz_tiny:make_mixed": "share one action space; worker_0 has Discrete(2) but leader_0 has Discrete(3)",
+        "pz:pz_tiny:make_box_leader": "action spaces may differ only in the size of a Discrete space; worker_0 has Discrete(2) "
+                                      "but leader_0 has Box(-1.0, 1.0, (1,), float32)",
     }
     for name, msg in cases.items():
         with pytest.raises(ConfigError) as e:
@@ -336,3 +337,26 @@ def test_mpe_envs_train_from_the_command_line(tmp_path, env_id, flags):
                  "--num-steps", "32", "--progress", "false", "--tensorboard", "false", "--run-dir", str(run)]) == 0
     cfg = json.loads((run / "config.json").read_text())
     assert cfg["env_options"] == {"max_cycles": 25}
+
+
+def test_agents_with_different_numbers_of_actions_are_masked(tmp_path):
+    """worker_* have 2 actions, leader_0 has 3: one Discrete(3) whose third action the workers' slots
+    never take (the env refuses it), trained per role from the command line."""
+    env = make("pz:pz_tiny:make_mixed", num_envs=2, seed=0)
+    assert env.action_space.describe() == "Discrete(3, per slot [2, 2, 3])"
+    check_env(env, steps=20)
+    from phalanx.envs import ActionError
+
+    env.reset(seed=0)
+    with pytest.raises(ActionError, match=r"actions\[:, 0\] must lie in \[0, 2\)"):
+        env.step(torch.tensor([[2, 0, 0], [0, 0, 0]]))
+    run = tmp_path / "mixed"
+    assert main(["train", "--env", "pz:pz_tiny:make_mixed", "--param-sharing", "per_role", "--total-steps", "512", "--num-envs", "4",
+                 "--num-steps", "32", "--progress", "false", "--tensorboard", "false", "--run-dir", str(run)]) == 0
+    policy = phalanx.load(run)
+    rec = make("pz:pz_tiny:make_mixed", num_envs=64, seed=1).reset(seed=1)
+    gen = torch.Generator().manual_seed(0)
+    actions = policy.act(rec.obs, greedy=False, generator=gen)
+    assert int(actions[:, :2].max()) <= 1 and int(actions[:, 2].max()) == 2  # sampled: only the leader takes action 2
+    assert main(["train", "--env", "pz:pz_tiny:make_mixed", "--model", "lstm", "--total-steps", "64",
+                 "--run-dir", str(tmp_path / "lstm")]) == 2

@@ -9,7 +9,6 @@ import torch
 
 from phalanx.envs import make
 from phalanx.envs.base import StepRecord, VecEnv
-from phalanx.envs.spaces import Box, Discrete, MultiDiscrete
 from phalanx.episodes import EpisodeCounters
 from phalanx.errors import ConfigError
 from phalanx.league import learner_outcome
@@ -147,14 +146,4 @@ def play(policy: Player, env: VecEnv, rec: StepRecord, gen: torch.Generator, pre
 
 def random_actions(env: VecEnv, gen: torch.Generator) -> torch.Tensor:
     """Uniform random actions for every slot of a batched env."""
-    space, shape = env.action_space, (env.num_envs, env.num_agents)
-    if isinstance(space, Discrete):
-        return torch.randint(0, space.n, shape, generator=gen, device=env.device)
-    if isinstance(space, MultiDiscrete):
-        nvec = torch.tensor(space.nvec, device=env.device)
-        u = torch.rand(*shape, len(space.nvec), generator=gen, device=env.device)
-        return (u * nvec).long().clamp_max(nvec - 1)
-    if isinstance(space, Box):
-        lo, hi = space.low_tensor(env.device), space.high_tensor(env.device)
-        return lo + (hi - lo) * torch.rand(*shape, *space.shape, generator=gen, device=env.device)
-    raise TypeError(f"no random policy for {space!r}")
+    return env.action_space.sample(env.num_envs, env.num_agents, gen, env.device)

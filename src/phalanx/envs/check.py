@@ -114,17 +114,7 @@ def check_state_dict(env: VecEnv) -> dict[str, torch.Tensor]:
 
 def sample_actions(env: VecEnv, gen: torch.Generator) -> torch.Tensor:
     """Uniformly random valid actions [N, A, ...] on the env's device (drawn on the CPU, so every device agrees)."""
-    n, a, space = env.num_envs, env.num_agents, env.action_space
-    if isinstance(space, Discrete):
-        out = torch.randint(0, space.n, (n, a), generator=gen)
-    elif isinstance(space, MultiDiscrete):
-        u = torch.rand(n, a, len(space.nvec), generator=gen)
-        out = (u * torch.tensor(space.nvec, dtype=torch.float32)).long()
-    else:
-        lo, hi = space.low_tensor(), space.high_tensor()
-        lo, hi = lo.clamp(min=-1.0), hi.clamp(max=1.0)  # unbounded boxes: sample the unit box
-        out = lo + (hi - lo) * torch.rand(n, a, *space.shape, generator=gen)
-    return out.to(env.device)
+    return env.action_space.sample(env.num_envs, env.num_agents, gen, "cpu").to(env.device)
 
 
 def _guarded(env: VecEnv, what: str, fn: Callable[[], object]) -> object:

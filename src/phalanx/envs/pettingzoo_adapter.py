@@ -20,7 +20,7 @@ import torch
 from phalanx.envs.base import StepRecord, VecEnv
 from phalanx.envs.gym_adapter import _map_action_space, _map_obs_space, gym_space_of
 from phalanx.envs.registry import register_prefix
-from phalanx.envs.spaces import Box, Discrete, MultiDiscrete
+from phalanx.envs.spaces import Box, Discrete, MultiDiscrete, Space
 from phalanx.errors import ConfigError
 
 
@@ -253,7 +253,8 @@ class PettingZooVecEnv(VecEnv):
     """N copies of a PettingZoo `ParallelEnv` as a phalanx VecEnv with A = len(possible_agents) slots.
 
     Slot j is `possible_agents[j]`; roles come from the agent names without their `_<number>`
-    suffix. All agents must share one action space. Agents whose observation spaces differ (MPE's
+    suffix. Agents' action spaces may differ only in the size of a Discrete space (then
+    `Discrete(largest, slot_n=...)`: policies mask each slot's missing actions). Agents whose observation spaces differ (MPE's
     adversaries and agents) see their own observation flattened and zero-padded to the longest one,
     so a per-role model (`--param-sharing per_role`) reads each role's features at fixed positions.
     Where the env defines `state()` and `state_space`, the state feeds a centralized critic
@@ -285,9 +286,9 @@ class PettingZooVecEnv(VecEnv):
             raise ConfigError(f"env 'pz:{rest}' has no possible_agents")
         self.num_agents = len(self.agent_names)
         self._slot = {a: j for j, a in enumerate(self.agent_names)}
-        self._check_shared_action_space(first, rest)
-        self._single_act = first.action_space(self.agent_names[0])
-        self.action_space = _map_action_space(self._single_act, self.name)
+        self._act_spaces = {a: first.action_space(a) for a in self.agent_names}
+        self._single_act = self._act_spaces[self.agent_names[0]]
+        self.action_space = self._plan_actions(rest)
         self._obs_spaces = {a: first.observation_space(a) for a in self.agent_names}
         self.observation_space, self._flatten = self._plan_observations(rest)
         self._state_space = getattr(first, "state_space", None)  # PettingZoo's optional state API
@@ -322,15 +323,23 @@ class PettingZooVecEnv(VecEnv):
             raise ConfigError(f"env 'pz:{rest}': the factory returned {type(env).__name__}, not a PettingZoo ParallelEnv")
         return env
 
-    def _check_shared_action_space(self, env: Any, rest: str) -> None:
+    def _plan_actions(self, rest: str) -> Space:
+        """The shared action space; or, where agents' Discrete spaces differ in size, Discrete(largest)
+        with each slot's own count (`slot_n`: policies mask the actions a slot does not have)."""
+        from gymnasium import spaces as gs
+
+        spaces = list(self._act_spaces.values())
+        if all(sp == spaces[0] for sp in spaces[1:]):
+            return _map_action_space(spaces[0], self.name)
+        if all(isinstance(sp, gs.Discrete) for sp in spaces):
+            counts = tuple(int(sp.n) for sp in spaces)
+            return Discrete(max(counts), slot_n=counts)
         ref = self.agent_names[0]
-        ref_space = env.action_space(ref)
-        differ = [a for a in self.agent_names[1:] if env.action_space(a) != ref_space]
-        if differ:
-            raise ConfigError(
-                f"env 'pz:{rest}': agents must share one action space; {ref} has {ref_space} but "
-                + ", ".join(f"{a} has {env.action_space(a)}" for a in differ)
-            )
+        differ = [a for a in self.agent_names[1:] if self._act_spaces[a] != spaces[0]]
+        raise ConfigError(
+            f"env 'pz:{rest}': agents' action spaces may differ only in the size of a Discrete space; {ref} has {spaces[0]} but "
+            + ", ".join(f"{a} has {self._act_spaces[a]}" for a in differ)
+        )
 
     def _plan_observations(self, rest: str) -> tuple[Box, bool]:
         """One per-slot Box for every agent: the shared space, or each agent's flattened observation
@@ -377,14 +386,16 @@ class PettingZooVecEnv(VecEnv):
         return np.stack([np.asarray(env.state(), dtype=np.float32).ravel() for env in self.envs])
 
     def _t(self, x: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-        return torch.as_tensor(np.ascontiguousarray(x)).to(device=self.device, dtype=dtype)
+        # A copy: a record must not share memory with the adapter's buffers, which a later reset
+        # overwrites in place (check_env caught the last step's `active` changing under a reset).
+        return torch.from_numpy(np.array(x)).to(device=self.device, dtype=dtype)
 
     def _actions_for(self, env: Any, acts: np.ndarray) -> dict[str, Any]:
         from gymnasium import spaces as gs
 
-        space = self._single_act
         out = {}
         for a in env.agents:
+            space = self._act_spaces[a]
             x = acts[self._slot[a]]
             if isinstance(space, gs.Discrete):
                 out[a] = int(x) + int(space.start)

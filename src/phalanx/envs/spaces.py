@@ -39,14 +39,32 @@ def _check_integer(actions: torch.Tensor, what: str) -> None:
 
 @dataclass(frozen=True)
 class Discrete:
+    """`n` actions; `slot_n` (one count per agent slot, at most `n`) where slots have fewer: slot j
+    may take actions 0..slot_n[j]-1 only, and feed-forward policies mask the others out (e.g. the
+    agents of a PettingZoo env whose action spaces differ)."""
+
     n: int
+    slot_n: tuple[int, ...] = ()
 
     @property
     def shape(self) -> tuple[int, ...]:
         return ()
 
     def describe(self) -> str:
-        return f"Discrete({self.n})"
+        return f"Discrete({self.n}, per slot {list(self.slot_n)})" if self.slot_n else f"Discrete({self.n})"
+
+    def valid_actions(self) -> torch.Tensor | None:
+        """[A, n] bool: which actions each slot may take (None: every slot all n)."""
+        if not self.slot_n:
+            return None
+        return torch.arange(self.n) < torch.tensor(self.slot_n).unsqueeze(1)
+
+    def sample(self, num_envs: int, num_agents: int, generator: torch.Generator | None, device: torch.device | str) -> torch.Tensor:
+        """Uniformly random valid actions [N, A]."""
+        if not self.slot_n:
+            return torch.randint(0, self.n, (num_envs, num_agents), generator=generator, device=device)
+        limits = torch.tensor(self.slot_n, device=device)
+        return (torch.rand(num_envs, num_agents, generator=generator, device=device) * limits).long().clamp_max(limits - 1)
 
     def check(self, actions: torch.Tensor, num_envs: int, num_agents: int, values: bool | None = None) -> torch.Tensor:
         """-> actions [N, A]; ActionError for a float dtype, a wrong shape or (where `values`, by default
@@ -58,6 +76,11 @@ class Discrete:
             lo, hi = int(actions.min()), int(actions.max())
             if lo < 0 or hi >= self.n:
                 raise ActionError(f"actions must lie in [0, {self.n}) for {what}; got {lo if lo < 0 else hi}")
+            if self.slot_n:
+                over = actions >= torch.tensor(self.slot_n, device=actions.device)
+                if bool(over.any()):
+                    j = int(over.any(0).nonzero()[0])
+                    raise ActionError(f"actions[:, {j}] must lie in [0, {self.slot_n[j]}) for {what}; got {int(actions[:, j].max())}")
         return actions
 
 
@@ -78,6 +101,12 @@ class MultiDiscrete:
     def describe(self) -> str:
         gated = "".join(f", head {h} only when head {j} == {v}" for h, j, v in self.gates)
         return f"MultiDiscrete({list(self.nvec)}{gated})"
+
+    def sample(self, num_envs: int, num_agents: int, generator: torch.Generator | None, device: torch.device | str) -> torch.Tensor:
+        """Uniformly random actions [N, A, k]."""
+        nvec = torch.tensor(self.nvec, device=device)
+        u = torch.rand(num_envs, num_agents, len(self.nvec), generator=generator, device=device)
+        return (u * nvec).long().clamp_max(nvec - 1)
 
     def check(self, actions: torch.Tensor, num_envs: int, num_agents: int, values: bool | None = None) -> torch.Tensor:
         """-> actions [N, A, k]; as `Discrete.check`, per sub-action."""
@@ -113,6 +142,13 @@ class Box:
 
     def high_tensor(self, device: torch.device | str = "cpu") -> torch.Tensor:
         return torch.tensor(self.high, dtype=torch.float32, device=device).reshape(self.shape)
+
+    def sample(self, num_envs: int, num_agents: int, generator: torch.Generator | None, device: torch.device | str) -> torch.Tensor:
+        """Uniformly random actions [N, A, *shape] (an unbounded side is drawn within [-1, 1])."""
+        low, high = self.low_tensor(device), self.high_tensor(device)
+        lo = torch.where(torch.isfinite(low), low, torch.full_like(low, -1.0))
+        hi = torch.where(torch.isfinite(high), high, torch.full_like(high, 1.0))
+        return lo + (hi - lo) * torch.rand(num_envs, num_agents, *self.shape, generator=generator, device=device)
 
     def check(self, actions: torch.Tensor, num_envs: int, num_agents: int, values: bool | None = None) -> torch.Tensor:
         """-> actions [N, A, *shape]; ActionError for a non-float dtype or a wrong shape (the env clips or

@@ -14,6 +14,7 @@ import torch
 from phalanx.draws import Source, normal, uniform
 
 _NEG = -1e9  # padding logit for multi-discrete heads of unequal size; finite so p*log(p) stays 0
+MASKED_LOGIT = _NEG  # an action a slot may not take
 
 
 def categorical_sample(logits: torch.Tensor, generator: Source) -> torch.Tensor:

@@ -90,6 +90,9 @@ class ActionHead(nn.Module):
     def __init__(self, space: Space, init_log_std: float = 0.0):
         super().__init__()
         self.space = space
+        # Slots with fewer actions ([A, n], or None): the others get no probability, so no sample, log-prob,
+        # entropy or gradient ever involves them. Needs the agent axis whole, just before the actions.
+        self.register_buffer("valid", space.valid_actions() if isinstance(space, Discrete) else None)
         if isinstance(space, Discrete):
             self.kind, self.out_dim = "discrete", space.n
         elif isinstance(space, MultiDiscrete):
@@ -106,6 +109,8 @@ class ActionHead(nn.Module):
     def _logits(self, out: torch.Tensor) -> torch.Tensor:
         if self.kind == "multi":
             return D.pad_multi_logits(out, tuple(self.space.nvec))
+        if self.valid is not None:
+            return out.masked_fill(~self.valid, D.MASKED_LOGIT)
         return out
 
     def sample(self, out: torch.Tensor, generator: Source, greedy: bool) -> torch.Tensor:

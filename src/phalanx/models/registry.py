@@ -15,6 +15,7 @@ import torch
 
 from phalanx.config import Config
 from phalanx.envs.base import VecEnv
+from phalanx.envs.spaces import Discrete
 from phalanx.errors import ConfigError
 from phalanx.models.cnn import CNNActorCritic, CNNMemoryActorCritic
 from phalanx.models.memory import LSTMActorCritic, TransformerActorCritic
@@ -64,6 +65,14 @@ def check_model(cfg: Config, env: VecEnv) -> None:
     """Every ConfigError building `cfg.model` for `env` would raise, without building it."""
     if cfg.critic == "mappo" and env.state_space is None:
         raise ConfigError(f"config key 'critic' is 'mappo' but env '{cfg.env}' has no global state; use ippo")
+    space = env.action_space
+    if isinstance(space, Discrete) and space.slot_n:
+        if cfg.model not in ("mlp", "cnn", "role_attention"):
+            raise ConfigError(f"config key 'model' must be one of mlp, cnn, role_attention for env '{cfg.env}', whose slots "
+                              f"have different numbers of actions ({list(space.slot_n)}); got {cfg.model}")
+        if cfg.teammates or cfg.opponents:
+            raise ConfigError(f"config keys 'teammates' / 'opponents' are not supported with env '{cfg.env}', whose slots "
+                              "have different numbers of actions")
     model_spec(cfg.model).check(cfg, env)
 
 
