@@ -267,6 +267,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 def cmd_envs(args: argparse.Namespace) -> int:
     rows = []
+    for ep in entry_points(group=registry.ENTRY_POINT_GROUP):  # installed plugins are listed too
+        registry.spec(ep.name)
     for name, s in sorted(registered().items()):
         env = make(name, num_envs=1)
         rows.append({
@@ -290,6 +292,8 @@ def cmd_envs(args: argparse.Namespace) -> int:
             ch = f" (one of {', '.join(map(str, o['choices']))})" if "choices" in o else ""
             print(f"  --{k.replace('_', '-')} [{o['default']}]: {o['help']}{ch}")
     print("gym:<id>: any installed gymnasium environment through its vector API (slow path)")
+    print("pz:<module>:<factory>: any PettingZoo ParallelEnv (slow path)")
+    print("package.module:factory: your own env, imported on use (docs/ENVIRONMENTS.md; check it with `phalanx check-env`)")
     return 0
 
 
