@@ -145,3 +145,37 @@ def test_eval_vs_table_for_a_team(tmp_path, capsys):
     assert table["hero"]["mean_length"] > 3
     assert main(["eval", str(run), "--episodes", "4", "--nosuch-option", "1"]) == 2
     assert "unknown env option 'nosuch_option' for 'bucket_brigade'" in capsys.readouterr().err
+
+
+def test_print_config_names_the_layer_of_every_key(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text("gamma: 0.97\nnum_steps: 16\n")
+    assert main(["train", "--env", "cartpole", "--config", str(cfg_file), "--lr", "1e-3", "--num-steps", "8", "--max-steps", "100",
+                 "--print-config"]) == 0
+    rows = {}
+    for line in capsys.readouterr().out.splitlines():
+        key, rest = line.split("=", 1)
+        value, source = rest.rsplit("  # ", 1)
+        rows[key.strip()] = (json.loads(value), source)
+    assert rows["lr"] == (0.001, "command line")
+    assert rows["num_steps"] == (8, "command line")  # the command line over the file
+    assert rows["gamma"] == (0.97, "file")
+    assert rows["num_envs"] == (32, "env 'cartpole' defaults")
+    assert rows["seed"] == (1, "schema")
+    assert rows["env_options"] == ({"max_steps": 100}, "command line")
+    assert list(tmp_path.iterdir()) == [cfg_file]  # nothing was created
+    assert main(["train", "--env", "bucket_brigade", "--critic", "mappo", "--print-config"]) == 0
+    assert 'norm_value       = true  # ' in capsys.readouterr().out
+
+
+def test_help_after_env_shows_that_envs_defaults_and_every_choice(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--env", "cartpole", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "default with --env cartpole in brackets" in text
+    assert "parallel environments [32]" in text and "Adam learning rate [0.002]" in text
+    assert "(one of mlp, lstm, transformer, strategy, cnn, role_attention)" in text
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    assert "parallel environments [8]" in " ".join(capsys.readouterr().out.split())

@@ -16,7 +16,7 @@ import yaml
 
 from phalanx import checkpoint as ckpt
 from phalanx import runs
-from phalanx.config import FIELDS, describe_keys, load_file
+from phalanx.config import FIELDS, describe_keys, effective_defaults, load_file, resolve, sources
 from phalanx.envs import make, registered, registry
 from phalanx.envs.check import check_env
 from phalanx.errors import CheckpointError, PhalanxError
@@ -34,18 +34,28 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def _train_parser(sub: Any) -> argparse.ArgumentParser:
+def _train_parser(sub: Any, env: str | None = None) -> argparse.ArgumentParser:
+    """`env`: the --env given before --help, whose own training defaults the help then shows."""
     p = sub.add_parser(
         "train", help="train a policy", description="Train a policy with PPO. Every config key below is also a --key value option.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--config", help="YAML or TOML file of config keys")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its last checkpoint")
-    keys = p.add_argument_group("config keys (default in brackets)")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the resolved config, each key with the layer it came from, and exit")
+    defaults = {}
+    if env is not None:
+        try:
+            defaults = effective_defaults(env)
+        except PhalanxError:
+            env = None  # an unknown env is refused with one line when the command runs
+    keys = p.add_argument_group(f"config keys (default{f' with --env {env}' if env else ''} in brackets)")
     for key, typ, default, help_ in describe_keys():
         if key == "env_options":
             continue
         flag = "--" + key.replace("_", "-")
+        default = defaults.get(key, default)
         shown = ",".join(map(str, default)) if isinstance(default, list) else default
         keys.add_argument(flag, dest=key, metavar=typ.upper(), default=None, help=f"{help_} [{shown!s}]".replace("%", "%%"))
     p.epilog = "Env options (e.g. --scenario for bucket_brigade) are passed as --option value; see `phalanx envs`."
@@ -98,6 +108,16 @@ def cmd_check_env(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
+def print_config(file_layer: dict[str, Any], cli_layer: dict[str, Any]) -> int:
+    """--print-config: the config a run would get, key = value  # where it came from."""
+    cfg = resolve(file_layer or None, cli_layer)
+    where = sources(cfg, file_layer, cli_layer)
+    width = max(len(k) for k in FIELDS)
+    for key, value in cfg.to_dict().items():
+        print(f"{key:<{width}} = {json.dumps(value)}  # {where[key]}")
+    return 0
+
+
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     overrides = {k: v for k, v in vars(args).items() if k in FIELDS and v is not None}
     env_opts = _parse_env_options(extra)
@@ -105,6 +125,8 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     env_name = overrides.get("env", layers.get("env", "cartpole"))
     if env_opts:
         overrides["env_options"] = {**layers.get("env_options", {}), **typed_env_options(env_name, env_opts)}
+    if args.print_config:
+        return print_config(layers, overrides)
     if args.resume:
         result = train(resume=args.resume, **overrides)
     else:
@@ -306,11 +328,24 @@ def plugin_commands() -> dict[str, EntryPoint]:
     return {ep.name: ep for ep in entry_points(group=COMMAND_GROUP)}
 
 
+def _env_before_help(argv: list[str]) -> str | None:
+    """`phalanx train --env X ... --help`: X, so the help shows X's own defaults."""
+    if argv[:1] != ["train"] or not ({"-h", "--help"} & set(argv)):
+        return None
+    for i, tok in enumerate(argv):
+        if tok == "--env" and i + 1 < len(argv):
+            return argv[i + 1]
+        if tok.startswith("--env="):
+            return tok.split("=", 1)[1]
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     runs.tune_host_allocator()
     parser = _Parser(prog="phalanx", description="Phalanx: on-device PPO for single- and multi-agent environments.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    _train_parser(sub)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _train_parser(sub, _env_before_help(argv))
     pr = sub.add_parser("resume", help="continue a stopped run (same as train --resume)")
     pr.add_argument("run_dir")
     pe = sub.add_parser("eval", help="evaluate a run's policy",
@@ -345,7 +380,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, ep in plugins.items():
         sub.add_parser(name, help=f"from {ep.value.split(':')[0]} (see `phalanx {name} --help`)", add_help=False)
 
-    argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] and argv[0] in plugins:
         # A plugin command has its own parser; hand it everything after the word.
         try:
@@ -360,7 +394,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "train":
             return cmd_train(args, extra)
         if args.command == "resume":
-            ns = argparse.Namespace(resume=args.run_dir, config=None)
+            ns = argparse.Namespace(resume=args.run_dir, config=None, print_config=False)
             return cmd_train(ns, [])
         if args.command == "eval":
             return cmd_eval(args, extra)

@@ -138,11 +138,13 @@ _HINTS = typing.get_type_hints(Config)
 
 
 def describe_keys() -> list[tuple[str, str, Any, str]]:
-    """(key, type name, default, help) for every config key."""
+    """(key, type name, default, help) for every config key; the help lists a key's allowed values."""
     out = []
     for f in dataclasses.fields(Config):
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-        out.append((f.name, _HINTS[f.name].__name__, default, f.metadata["help"]))
+        choices = f.metadata["choices"]
+        help_ = f.metadata["help"] + (f" (one of {', '.join(map(str, choices))})" if choices else "")
+        out.append((f.name, _HINTS[f.name].__name__, default, help_))
     return out
 
 
@@ -227,6 +229,35 @@ def resolve(*layers: dict[str, Any] | None) -> Config:
             f"config key 'num_minibatches' must be <= num_envs * num_steps ({cfg.batch_size}), got {cfg.num_minibatches}"
         )
     return cfg
+
+
+def sources(cfg: Config, file_layer: dict[str, Any] | None = None, cli_layer: dict[str, Any] | None = None) -> dict[str, str]:
+    """Where each key of a resolved config came from: 'command line', 'file', "env '<name>' defaults",
+    'derived' (norm_value follows critic mappo) or 'schema'. The layers are `resolve`'s: the file's,
+    then the command line's (keys with '-' or '_')."""
+    norm = lambda layer: {k.replace("-", "_") for k in (layer or {})}  # noqa: E731
+    cli, file = norm(cli_layer), norm(file_layer)
+    spec = registry.spec(cfg.env)
+    env_defaults = set(spec.train_defaults) if spec else set()
+    out = {}
+    for key in FIELDS:
+        if key in cli:
+            out[key] = "command line"
+        elif key in file:
+            out[key] = "file"
+        elif key in env_defaults:
+            out[key] = f"env '{cfg.env}' defaults"
+        elif key == "norm_value" and cfg.critic == "mappo":
+            out[key] = "derived (critic mappo)"
+        else:
+            out[key] = "schema"
+    return out
+
+
+def effective_defaults(env: str) -> dict[str, Any]:
+    """The defaults a run on `env` starts from: the schema's under the env's own training defaults."""
+    spec = registry.check_name(env)
+    return {**{k: v for k, _, v, _ in describe_keys()}, **(dict(spec.train_defaults) if spec else {})}
 
 
 def from_json(data: dict[str, Any]) -> Config:
