@@ -179,3 +179,16 @@ def test_help_after_env_shows_that_envs_defaults_and_every_choice(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     assert "parallel environments [8]" in " ".join(capsys.readouterr().out.split())
+
+
+def test_eval_shows_greedy_and_sampled_play_side_by_side(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", "--env", "cartpole", "--total-steps", "256", "--num-envs", "8", "--num-steps", "16",
+                 "--progress", "false", "--tensorboard", "false", "--run-dir", str(run)]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(run), "--episodes", "4", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["greedy"] is True and {"mean_return", "mean_length"} <= set(res["sampled_play"])
+    assert main(["eval", str(run), "--episodes", "4", "--vs", "random"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split()[0] for ln in lines[2:]] == ["learned", "learned,", "random"] and "learned, sampled" in lines[3]

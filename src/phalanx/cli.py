@@ -164,10 +164,11 @@ def cmd_eval(args: argparse.Namespace, extra: list[str] | None = None) -> int:
         print(f"recorded {info['steps']} steps ({info['frames']} frames, return {info['return']:.2f}) to {info['path']}",
               file=sys.stderr)
     res = evaluate_policy(policy, cfg.env, greedy=not args.sample, teammates=cfg.teammates, **common)
-    if "success_rate" in res and not cfg.opponents:  # goal-reaching envs: the other play mode too
+    other_mode = "greedy_play" if args.sample else "sampled_play"
+    if not cfg.opponents:  # greedy and sampled play side by side: one number can hide the policy
         other = evaluate_policy(policy, cfg.env, greedy=args.sample, teammates=cfg.teammates, **common)
-        res["greedy_play" if args.sample else "sampled_play"] = {
-            k: other[k] for k in ("success_rate", "median_steps_to_goal", "mean_return") if k in other}
+        res[other_mode] = {k: v for k, v in other.items()
+                           if k.startswith("mean_") or k in ("success_rate", "median_steps_to_goal")}
     if not args.vs:
         if args.json:
             print(json.dumps(res))
@@ -195,9 +196,12 @@ def cmd_eval(args: argparse.Namespace, extra: list[str] | None = None) -> int:
     heads = ["team return" if policy.model.num_agents > 1 else "return", "per agent", *[k[5:] for k in extra], "length"]
     print(f"{cfg.env} {cfg.env_options or ''} ({args.episodes} episodes each; learned = {'sampled' if args.sample else 'greedy'})")
     widths = [_col_width(h) for h in heads]
-    print(f"{'policy':<14}" + "".join(f"{h:>{w}}" for h, w in zip(heads, widths)))
-    for name, r in table.items():
-        print(f"{name:<14}" + "".join(f"{r.get(c, float('nan')):>{w}.2f}" for c, w in zip(cols, widths)))
+    print(f"{'policy':<18}" + "".join(f"{h:>{w}}" for h, w in zip(heads, widths)))
+    rows = list(table.items())
+    if other_mode in res:
+        rows.insert(1, (f"learned, {other_mode.split('_')[0]}", res[other_mode]))
+    for name, r in rows:
+        print(f"{name:<18}" + "".join(f"{r.get(c, float('nan')):>{w}.2f}" for c, w in zip(cols, widths)))
     return 0
 
 
