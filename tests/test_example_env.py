@@ -27,13 +27,18 @@ def test_example_keeps_the_contract(in_example, capsys):
 
 
 @pytest.mark.slow
-def test_example_learns_to_meet_faster_than_random_play(in_example, tmp_path, capsys):
+def test_example_learns_to_meet_faster_than_random_play(in_example, tmp_path, capsys, monkeypatch):
     """Seed 1, 40k steps (~4 s): the greedy team meets in far fewer steps than random play and earns more."""
     run = tmp_path / "run"
     assert main(["train", "--env", "rendezvous:spec", "--total-steps", "40000", "--seed", "1", "--progress", "false",
                  "--tensorboard", "false", "--run-dir", str(run)]) == 0
     assert json.loads((run / "config.json").read_text())["env"] == "rendezvous:spec"
     capsys.readouterr()
+    # Evaluated from another directory: the run's manifest says where the plugin module was found.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if Path(p).resolve() != EXAMPLE and p not in ("", ".")])
+    monkeypatch.delitem(sys.modules, "rendezvous", raising=False)
+    monkeypatch.setattr(registry, "_REGISTRY", {k: v for k, v in registry._REGISTRY.items() if k != "rendezvous:spec"})
     assert main(["eval", str(run), "--episodes", "200", "--vs", "random", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     learned, rand = res["learned"], res["random"]

@@ -21,6 +21,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from phalanx.config import Config, resolve
+from phalanx.envs import registry
 from phalanx.errors import CheckpointError
 
 FORMAT_VERSION = 1
@@ -198,4 +199,12 @@ def load_run_config(run_dir: Path) -> Config:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise CheckpointError(f"run file '{path}' is not valid JSON: {e}") from None
+    manifest = Path(run_dir) / "manifest.json"
+    if manifest.is_file():  # a plugin env trained from another directory: import it from where it was found
+        try:
+            source = json.loads(manifest.read_text()).get("env_source")
+        except json.JSONDecodeError:
+            source = None
+        if isinstance(source, str):
+            registry.add_plugin_root(source)
     return resolve(data)

@@ -28,7 +28,7 @@ from phalanx import runs
 from phalanx.algo import Normalizers, PPOBatch, PPOParams, compile_step, minibatch_step, ppo_update
 from phalanx.config import Config, load_file, resolve
 from phalanx.distributed import Dist
-from phalanx.envs import make
+from phalanx.envs import make, registry
 from phalanx.envs.base import VecEnv, generator_state, set_generator_state
 from phalanx.envs.check import check_env
 from phalanx.errors import CheckpointError, ConfigError, NonFiniteEnvError, NonFiniteLossError
@@ -483,8 +483,10 @@ def train(config: Config | str | Path | dict | None = None, *, resume: str | Pat
     try:
         if trainer.main:
             ckpt.write_json_atomic(trainer.run_dir / "config.json", {**cfg.to_dict(), "run_dir": str(trainer.run_dir)})
+            spec = registry.spec(cfg.env)
             ckpt.write_json_atomic(trainer.run_dir / "manifest.json",
-                                   {**runs.manifest(trainer.device, cfg.seed), "world_size": trainer.dist.world})
+                                   {**runs.manifest(trainer.device, cfg.seed), "world_size": trainer.dist.world,
+                                    **({"env_source": spec.source} if spec is not None and spec.source else {})})
         return trainer.train(max_updates=max_updates)
     finally:
         trainer.close()

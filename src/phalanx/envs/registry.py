@@ -16,6 +16,7 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -42,6 +43,9 @@ class EnvSpec:
     train_defaults: dict[str, Any] = field(default_factory=dict)
     # No declared options: any keyword the factory's signature takes passes through (plugin factories).
     free_options: bool = False
+    # A plugin's import root (the sys.path entry its module came from), kept in the run's manifest so
+    # that eval and resume import it again from anywhere.
+    source: str | None = None
 
 
 _REGISTRY: dict[str, EnvSpec] = {}
@@ -93,12 +97,12 @@ def check_name(name: str) -> EnvSpec | None:
     return found
 
 
-def _as_spec(name: str, obj: Any, origin: str) -> EnvSpec:
+def _as_spec(name: str, obj: Any, origin: str, source: str | None = None) -> EnvSpec:
     if isinstance(obj, EnvSpec):
-        return EnvSpec(name, obj.factory, obj.description, dict(obj.options), dict(obj.train_defaults), obj.free_options)
+        return EnvSpec(name, obj.factory, obj.description, dict(obj.options), dict(obj.train_defaults), obj.free_options, source)
     if callable(obj):
         doc = (inspect.getdoc(obj) or "").strip().splitlines()
-        return EnvSpec(name, obj, doc[0] if doc else origin, free_options=True)
+        return EnvSpec(name, obj, doc[0] if doc else origin, free_options=True, source=source)
     raise ConfigError(f"env plugin '{name}' ({origin}) is a {type(obj).__name__}; expected an EnvSpec or a factory "
                       "(num_envs=, device=, seed=, **options) -> VecEnv")
 
@@ -128,7 +132,16 @@ def _plugin(name: str) -> EnvSpec | None:
         raise ConfigError(f"env plugin '{name}' failed to import: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
     if not hasattr(mod, attr):
         raise ConfigError(f"env plugin '{name}': module '{module}' has no attribute '{attr}'")
-    return _as_spec(name, getattr(mod, attr), f"{module}.{attr}")
+    root = None
+    if getattr(mod, "__file__", None):  # a namespace package has none
+        root = str(Path(mod.__file__).resolve().parents[module.count(".") + (Path(mod.__file__).name == "__init__.py")])
+    return _as_spec(name, getattr(mod, attr), f"{module}.{attr}", root)
+
+
+def add_plugin_root(path: str) -> None:
+    """Make a recorded plugin root importable (eval / resume of a run trained elsewhere)."""
+    if path not in sys.path and Path(path).is_dir():
+        sys.path.append(path)
 
 
 def _entry_point(name: str) -> EnvSpec | None:
