@@ -159,3 +159,19 @@ def test_suite_measures_a_plugin_env(tmp_path, capsys):
     assert [(r["workload"], r["num_envs"]) for r in result["rows"]] == [("tests.contract_envs:good", 8)]
     assert main(["bench", "suite", "--workloads", "nosuch.mod:make"]) == 2
     assert "or package.module:factory" in capsys.readouterr().err
+
+
+def test_sb3_comparison_uses_sb3s_own_settings():
+    """The like-for-like row runs Phalanx at Stable-Baselines3 PPO's defaults, read from SB3 itself."""
+    sb3 = pytest.importorskip("stable_baselines3")
+    import inspect
+
+    d = {k: p.default for k, p in inspect.signature(sb3.PPO.__init__).parameters.items()}
+    s = bench.SB3_SETTINGS
+    assert s["num_steps"] == d["n_steps"] and s["num_epochs"] == d["n_epochs"]
+    assert s["num_envs"] * s["num_steps"] // s["num_minibatches"] == d["batch_size"]
+    assert (s["lr"], s["gamma"], s["gae_lambda"], s["clip_coef"]) == (d["learning_rate"], d["gamma"], d["gae_lambda"], d["clip_range"])
+    assert (s["ent_coef"], s["vf_coef"], s["max_grad_norm"], s["norm_adv"]) == (d["ent_coef"], d["vf_coef"], d["max_grad_norm"],
+                                                                              d["normalize_advantage"])
+    cfg = bench.sb3_settings_config("unused")
+    assert cfg.batch_size == 16384 and cfg.batch_size // cfg.num_minibatches == 64 and cfg.hidden_sizes == [64, 64]

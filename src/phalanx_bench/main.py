@@ -567,16 +567,49 @@ def sb3_comparison(rollouts: int, num_envs: int | None, train_sps: float | None)
         wait_for_idle(_WAIT_IDLE)
     print(f"sb3: timing PPO defaults on CartPole-v1 ({rollouts} x {SB3_ROLLOUT} steps, 8 envs, CPU)...", flush=True)
     sb3 = bench_sb3(rollouts)
-    sb3["phalanx_num_envs"], sb3["phalanx_sps"] = num_envs, train_sps
-    sb3["phalanx_over_sb3"] = train_sps / sb3["sps"] if train_sps else None
     print(f"sb3 {sb3['version']} PPO (MlpPolicy, n_steps {sb3['n_steps']}, batch {sb3['batch_size']}, "
           f"{sb3['n_epochs']} epochs, {sb3['num_envs']} envs): {_fmt(sb3['sps'])} steps/s"
           + (f" (others used {sb3['others_busy']:.0%} of the CPUs)" if sb3["others_busy"] is not None else ""))
+    # The comparison: Phalanx at SB3's own settings, timed over as many rollout + update cycles.
+    same = bench_phalanx_cycles(sb3_settings_config, rollouts)
+    sb3["phalanx_same_settings_sps"] = same
+    sb3["phalanx_same_over_sb3"] = same / sb3["sps"]
+    print(f"phalanx at SB3's settings (8 envs x 2048 steps, 10 epochs, minibatch 64, 64x64 tanh, lr 3e-4): "
+          f"{_fmt(same)} steps/s = {sb3['phalanx_same_over_sb3']:.2f}x SB3")
+    # Apart: what Phalanx's own larger batches add (a different configuration, not a like-for-like ratio).
+    sb3["phalanx_num_envs"], sb3["phalanx_sps"] = num_envs, train_sps
+    sb3["phalanx_over_sb3"] = train_sps / sb3["sps"] if train_sps else None
     if train_sps:
-        print(f"phalanx train at {num_envs} envs: {_fmt(train_sps)} steps/s = {sb3['phalanx_over_sb3']:.1f}x SB3")
-    else:
-        print("phalanx: no cartpole training rate to compare with")
+        print(f"phalanx at its bench settings ({num_envs} envs, {PPO_SETTINGS['num_epochs']} epochs, "
+              f"{PPO_SETTINGS['num_minibatches']} minibatches): {_fmt(train_sps)} steps/s = {sb3['phalanx_over_sb3']:.1f}x SB3 "
+              "(larger batches; not the same configuration)")
     return sb3
+
+
+SB3_SETTINGS = {"num_envs": 8, "num_steps": 2048, "num_epochs": 10, "num_minibatches": 2048 * 8 // 64, "lr": 3e-4,
+                "hidden_sizes": [64, 64], "activation": "tanh", "gamma": 0.99, "gae_lambda": 0.95, "clip_coef": 0.2,
+                "ent_coef": 0.0, "vf_coef": 0.5, "max_grad_norm": 0.5, "anneal_lr": False, "norm_adv": True}
+
+
+def sb3_settings_config(run_dir: str):
+    """Phalanx's cartpole config at Stable-Baselines3 PPO's defaults (what `bench_sb3` runs)."""
+    return resolve({"env": "cartpole", **SB3_SETTINGS, "tensorboard": False, "progress": False, "run_dir": run_dir,
+                    "total_steps": 10**12, "device": "cpu", "seed": 1})
+
+
+def bench_phalanx_cycles(config: Callable[[str], Any], cycles: int) -> float:
+    """Steps/s of `cycles` training iterations (collect + update) after one untimed one."""
+    with tempfile.TemporaryDirectory(prefix="phalanx-bench-") as tmp:
+        trainer = Trainer(config(tmp))
+        try:
+            train_iteration(trainer)
+            t0 = time.perf_counter()
+            for _ in range(cycles):
+                train_iteration(trainer)
+            _sync(trainer.device)
+            return cycles * trainer.cfg.batch_size / (time.perf_counter() - t0)
+        finally:
+            trainer.close()
 
 
 BB_COLUMNS = [("num_envs", 8), ("env", 9), ("rollout", 9), ("train", 9), ("others", 6)]
