@@ -192,3 +192,18 @@ def test_eval_shows_greedy_and_sampled_play_side_by_side(tmp_path, capsys):
     assert main(["eval", str(run), "--episodes", "4", "--vs", "random"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [ln.split()[0] for ln in lines[2:]] == ["learned", "learned,", "random"] and "learned, sampled" in lines[3]
+
+
+def test_plot_takes_several_runs(tmp_path, capsys):
+    runs = []
+    for seed in (1, 2):
+        run = tmp_path / f"seed{seed}"
+        assert main(["train", "--env", "cartpole", "--seed", str(seed), "--total-steps", "512", "--num-envs", "8", "--num-steps",
+                     "16", "--progress", "false", "--tensorboard", "false", "--run-dir", str(run)]) == 0
+        runs.append(str(run))
+    out = tmp_path / "both.png"
+    capsys.readouterr()
+    assert main(["plot", *runs, "--out", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == str(out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["plot", runs[0], str(tmp_path / "nope")]) == 2

@@ -22,7 +22,7 @@ from phalanx.envs.check import check_env
 from phalanx.errors import CheckpointError, PhalanxError
 from phalanx.evaluate import evaluate_policy
 from phalanx.league import LEAGUE_FILE, Ratings, load_snapshot
-from phalanx.plot import plot_run
+from phalanx.plot import plot_run, plot_runs
 from phalanx.policy import load
 from phalanx.record import record_episode
 from phalanx.trainer import train
@@ -287,7 +287,11 @@ def cmd_league(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    print(plot_run(Path(args.run_dir), Path(args.out) if args.out else None))
+    dirs = [Path(d) for d in args.run_dir]
+    if len(dirs) == 1:
+        print(plot_run(dirs[0], Path(args.out) if args.out else None))
+    else:
+        print(plot_runs(dirs, Path(args.out or "learning_curves.png")))
     return 0
 
 
@@ -368,9 +372,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     pl = sub.add_parser("league", help="print a self-play run's rating table")
     pl.add_argument("run_dir")
     pl.add_argument("--json", action="store_true", help="print one JSON object")
-    pp = sub.add_parser("plot", help="write a PNG of return and losses against steps")
-    pp.add_argument("run_dir")
-    pp.add_argument("--out", help="output PNG (default RUN_DIR/plots/learning_curve.png)")
+    pp = sub.add_parser("plot", help="write a PNG of return and losses against steps (several runs: one line each)")
+    pp.add_argument("run_dir", nargs="+")
+    pp.add_argument("--out", help="output PNG (default RUN_DIR/plots/learning_curve.png; several runs: ./learning_curves.png)")
     pn = sub.add_parser("envs", help="list environments, spaces and options")
     pn.add_argument("--json", action="store_true")
     pc = sub.add_parser("check-env", help="check an env against the env contract (docs/ENVIRONMENTS.md)",

@@ -10,28 +10,37 @@ from phalanx.runs import read_metrics
 
 def plot_run(run_dir: Path, out: Path | None = None) -> Path:
     """Plot episode return and the losses against steps; returns the PNG path."""
+    run_dir = Path(run_dir)
+    return plot_runs([run_dir], out or run_dir / "plots" / "learning_curve.png")
+
+
+def plot_runs(run_dirs: list[Path], out: Path) -> Path:
+    """The same panels with one line per run (labelled by its directory's name); returns `out`."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    run_dir = Path(run_dir)
-    rows = read_metrics(run_dir)
-    if not rows:
-        raise PhalanxError(f"'{run_dir}' has no metrics.jsonl rows to plot")
-    out = out or run_dir / "plots" / "learning_curve.png"
+    runs = [(Path(d), read_metrics(Path(d))) for d in run_dirs]
+    for run_dir, rows in runs:
+        if not rows:
+            raise PhalanxError(f"'{run_dir}' has no metrics.jsonl rows to plot")
+    out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     panels = [("episode_return", "episode return"), ("policy_loss", "policy loss"), ("value_loss", "value loss"),
               ("entropy", "entropy"), ("approx_kl", "approx KL"), ("explained_variance", "explained variance")]
     fig, axes = plt.subplots(2, 3, figsize=(13, 7))
     for ax, (key, title) in zip(axes.flat, panels):
-        pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
-        if pts:
-            ax.plot(*zip(*pts), lw=1.5)
+        for run_dir, rows in runs:
+            pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+            if pts:
+                ax.plot(*zip(*pts), lw=1.5, label=run_dir.name)
         ax.set_title(title)
         ax.set_xlabel("steps")
         ax.grid(alpha=0.3)
-    fig.suptitle(str(run_dir))
+    if len(runs) > 1:
+        axes.flat[0].legend(fontsize=8)
+    fig.suptitle(str(runs[0][0]) if len(runs) == 1 else f"{len(runs)} runs")
     fig.tight_layout()
     fig.savefig(out, dpi=90)
     plt.close(fig)
