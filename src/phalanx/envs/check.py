@@ -142,7 +142,7 @@ def check_env(env: VecEnv, steps: int = 64, seed: int = 7, quick: bool = False) 
     first = check_record(env, _guarded(env, "reset(seed)", lambda: env.reset(seed=seed)), "reset")
     if bool(first.terminated.any() | first.truncated.any()):
         raise _fail(env, "reset() record.terminated / truncated must be all False")
-    rec = check_record(env, _guarded(env, "step(actions)", lambda: env.step(sample_actions(env, gen))), "step")
+    check_record(env, _guarded(env, "step(actions)", lambda: env.step(sample_actions(env, gen))), "step")
     check_state_dict(env)
     if quick:
         return

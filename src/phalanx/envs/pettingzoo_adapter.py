@@ -287,7 +287,6 @@ class PettingZooVecEnv(VecEnv):
         self.num_agents = len(self.agent_names)
         self._slot = {a: j for j, a in enumerate(self.agent_names)}
         self._act_spaces = {a: first.action_space(a) for a in self.agent_names}
-        self._single_act = self._act_spaces[self.agent_names[0]]
         self.action_space = self._plan_actions(rest)
         self._obs_spaces = {a: first.observation_space(a) for a in self.agent_names}
         self.observation_space, self._flatten = self._plan_observations(rest)
@@ -430,7 +429,7 @@ class PettingZooVecEnv(VecEnv):
     def step(self, actions: torch.Tensor) -> StepRecord:
         actions = self.action_space.check(actions, self.num_envs, self.num_agents, values=True)
         n, a = self.num_envs, self.num_agents
-        acts = actions.detach().cpu().numpy().reshape((n, a, *self._single_act.shape))
+        acts = actions.detach().cpu().numpy().reshape((n, a, *self.action_space.shape))
         obs_buf = np.zeros((n, a, *self._obs_shape), dtype=np.float32)
         final_buf = np.zeros_like(obs_buf)
         reward = np.zeros((n, a), dtype=np.float32)

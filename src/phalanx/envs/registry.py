@@ -134,7 +134,9 @@ def _plugin(name: str) -> EnvSpec | None:
         raise ConfigError(f"env plugin '{name}': module '{module}' has no attribute '{attr}'")
     root = None
     if getattr(mod, "__file__", None):  # a namespace package has none
-        root = str(Path(mod.__file__).resolve().parents[module.count(".") + (Path(mod.__file__).name == "__init__.py")])
+        # root/pkg/env.py for "pkg.env", root/pkg/__init__.py for "pkg": climb one level per name.
+        path = Path(mod.__file__).resolve()
+        root = str(path.parents[module.count(".") + (path.name == "__init__.py")])
     return _as_spec(name, getattr(mod, attr), f"{module}.{attr}", root)
 
 
