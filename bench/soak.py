@@ -36,8 +36,9 @@ def main() -> None:
     p.add_argument("--out", default=None)
     args = p.parse_args()
 
-    from phalanx.config import resolve
     from phalanx.train import Trainer
+
+    from phalanx.config import resolve
 
     with tempfile.TemporaryDirectory(prefix="phalanx-soak-") as tmp:
         cfg = resolve({"env": args.env, "num_envs": args.num_envs, "total_steps": 10**12, "run_dir": tmp,

@@ -12,7 +12,8 @@ import phalanx
 faulthandler.enable()  # a rank that aborts (SIGABRT) prints every thread's Python stack
 mode, run_dir, out = sys.argv[1:4]
 cfg = dict(env="cartpole", total_steps=4 * 2 * 256, num_envs=4, num_steps=64, num_minibatches=2, checkpoint_every=512,
-           norm_obs=True, norm_reward=True, target_kl=0.5, progress=False, tensorboard=False, torch_threads=1, seed=5)
+           norm_obs=True, norm_reward=True, target_kl=0.5, progress=False, tensorboard=False, torch_threads=1, seed=5,
+           device="cpu")  # gloo on the CPU, also on a machine with fewer GPUs than ranks
 if mode == "full":
     result = phalanx.train(run_dir=run_dir, **cfg)
 elif mode == "part":

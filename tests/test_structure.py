@@ -11,6 +11,7 @@ import torch
 
 from phalanx.config import FIELDS, MEMORY_MODELS, resolve
 from phalanx.envs import make
+from phalanx.models.mlp import ActionHead
 from phalanx.models.protocol import ActorCritic, FeedForwardActorCritic, RecurrentActorCritic
 from phalanx.models.registry import MODELS, build_model
 
@@ -125,7 +126,7 @@ def test_every_registered_model_keeps_its_declared_interface(name):
     env = make(cfg.env, num_envs=2, seed=0, **cfg.env_options)
     model = build_model(cfg, env)
     spec = MODELS[name]
-    assert isinstance(model, ActorCritic)
+    assert isinstance(model, ActorCritic) and isinstance(model.head, ActionHead)
     assert type(model).recurrent is spec.recurrent  # declared on the class
     assert isinstance(type(model).obs_is_image, bool)
     assert isinstance(model.centralized, bool) and isinstance(model.memory_critic, bool)

@@ -15,6 +15,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from phalanx.errors import ConfigError
+
 
 class Dist:
     """The process group of a run; a single process is rank 0 of 1 and every method is a no-op."""
@@ -37,6 +39,9 @@ class Dist:
         if not self.enabled:
             return device
         if device.type == "cuda":
+            if self.local_rank >= torch.cuda.device_count():
+                raise ConfigError(f"torchrun started local rank {self.local_rank} but this node has {torch.cuda.device_count()} "
+                                  f"CUDA devices; use --nproc-per-node {torch.cuda.device_count()} or --device cpu")
             device = torch.device("cuda", self.local_rank)
             torch.cuda.set_device(device)
         if not dist.is_initialized():

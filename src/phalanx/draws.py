@@ -11,7 +11,7 @@ stream bit-identically (the generator's state is the whole state).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import NamedTuple
 
 import torch
@@ -81,11 +81,24 @@ class Draws:
         finally:
             self._recording = False
 
-    @contextmanager
-    def ahead(self) -> Iterator[None]:
+    def ahead(self) -> AbstractContextManager[None]:
         """Draw the plan now; inside, the calls hand it out in order (a captured step). A step that
         draws other than its plan is an error, never a silent change of the random stream."""
-        self._queue, self._next = [draw_from(self.generator, d) for d in self.plan], 0
+        return self.replaying([draw_from(self.generator, d) for d in self.plan])
+
+    def buffers(self) -> list[torch.Tensor]:
+        """Empty tensors shaped as the plan's draws: the static inputs of a CUDA graph (see `refill`)."""
+        return [torch.empty(d.shape, dtype=d.dtype, device=d.device) for d in self.plan]
+
+    def refill(self, queue: list[torch.Tensor]) -> None:
+        """Draw the plan into `queue` (from `buffers`) in place: what `ahead` would draw, at fixed addresses."""
+        for q, d in zip(queue, self.plan):
+            q.copy_(draw_from(self.generator, d))
+
+    @contextmanager
+    def replaying(self, queue: list[torch.Tensor]) -> Iterator[None]:
+        """Inside, the calls hand out `queue` in order (the plan's draws, made beforehand)."""
+        self._queue, self._next = queue, 0
         try:
             yield
             if self._next != len(self.plan):

@@ -42,8 +42,10 @@ class PhaseTimer:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
 
     def phase(self, name: str) -> contextlib.AbstractContextManager[None]:
-        # Inside a captured graph there is no clock to read: a compiled rollout step counts as `collect`.
-        return self._timed(name) if self.enabled and not torch.compiler.is_compiling() else contextlib.nullcontext()
+        # Inside a captured graph there is no clock to read: a compiled or CUDA-graph rollout step counts
+        # as `collect` (and a synchronisation while a CUDA graph records is an error).
+        capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        return self._timed(name) if self.enabled and not torch.compiler.is_compiling() and not capturing else contextlib.nullcontext()
 
     def reset(self) -> None:
         self.seconds = dict.fromkeys(PHASES, 0.0)

@@ -23,6 +23,7 @@ from phalanx.envs.base import StepRecord, VecEnv
 from phalanx.envs.spaces import Box
 from phalanx.episodes import EpisodeCounters
 from phalanx.errors import ConfigError
+from phalanx.graphs import Carried, check_graphs, warm_stream
 from phalanx.league import League
 from phalanx.models.protocol import ActorCritic
 from phalanx.models.registry import obs_dim_of, state_dim_of
@@ -52,6 +53,14 @@ def buffer_specs(cfg: Config, env: VecEnv, model: ActorCritic) -> dict[str, tupl
 
 def buffer_bytes(specs: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> int:
     return sum(math.prod(shape) * torch.empty((), dtype=dt).element_size() for shape, dt in specs.values())
+
+
+@dataclasses.dataclass
+class GraphInputs:
+    """The loop's carried observation and value under --cuda-graphs (static inputs of the recorded step)."""
+
+    obs_n: torch.Tensor
+    value: torch.Tensor
 
 
 class Rollout:
@@ -95,6 +104,10 @@ class Rollout:
         self.info_keys: list[str] = []
         self._captured: Callable | None = None
         self._planned = False
+        self._graphed = False
+        self._graph: torch.cuda.CUDAGraph | None = None
+        self._warm_steps = 0
+        self._stats: dict[str, torch.Tensor] | None = None
 
     @property
     def capturable(self) -> bool:
@@ -119,6 +132,17 @@ class Rollout:
         self._t_index = [torch.tensor([t], device=self.device) for t in range(self.cfg.num_steps)]
         self._captured = torch.compile(self._step, fullgraph=True, dynamic=False, backend=backend)
         self._planned = False
+
+    def use_cuda_graphs(self) -> None:
+        """--cuda-graphs: after one eager step that notes the random draws and two warm-up steps, one step
+        is recorded as a CUDA graph (phalanx.graphs) and every later step replays it."""
+        if not self.capturable:
+            raise ConfigError("config key 'cuda_graphs' needs a feed-forward model (mlp, cnn, role_attention), an env that "
+                              "declares capturable = True, and no teammates or league")
+        check_graphs(self.device)
+        # The critic runs over every final observation: selecting the truncated rows is a host read.
+        self.final_values_whole_batch = True
+        self._graphed = True
 
     # -- observations and values -----------------------------------------------------------------
     def obs_in(self, obs: torch.Tensor, update: bool = False, mask: torch.Tensor | None = None,
@@ -177,11 +201,18 @@ class Rollout:
             return self._collect()
 
     def _new_stats(self) -> dict[str, torch.Tensor]:
+        if self._graphed and self._stats is not None:  # a CUDA graph adds into the tensors it was recorded with
+            for v in self._stats.values():
+                v.zero_()
+            self._stats["env_first_bad_step"].fill_(-1.0)
+            return self._stats
         zero = lambda: torch.zeros((), device=self.device)  # noqa: E731
         stats = {"ep_return_sum": zero(), "ep_length_sum": zero(), "episodes": zero(), "team_return_sum": zero(),
                  "team_episodes": zero(), "env_nonfinite": zero(), "env_first_bad_step": torch.full((), -1.0, device=self.device)}
         # The env's info keys, known from its first step, so a captured step sees the same dict every time.
         stats.update({f"info_{k}": zero() for k in self.info_keys})
+        if self._graphed:
+            self._stats = stats
         return stats
 
     def _collect(self) -> dict[str, torch.Tensor]:
@@ -192,7 +223,9 @@ class Rollout:
             self.segment_start = self.memory.clone()
         value = None if model.memory_critic else self.value(obs_n, self.record.state)
         for t in range(self.cfg.num_steps):
-            if self._captured is not None and self._planned:
+            if self._graphed:
+                obs_n, value = self._graph_step(t, obs_n, value, stats)
+            elif self._captured is not None and self._planned:
                 with self.draws.ahead(), self.env_draws.ahead() if self.env_draws is not None else contextlib.nullcontext():
                     obs_n, value = self._captured(self._t_index[t], obs_n, value, stats)
             elif self._captured is not None:
@@ -206,6 +239,53 @@ class Rollout:
             nv = b["next_values"]
             nv[:-1] = torch.where(b["truncated"][:-1], nv[:-1], b["values"][1:])
         return stats
+
+    def _draw_contexts(self, mode: str, queues: list[list[torch.Tensor]] | None = None) -> contextlib.ExitStack:
+        """The policy's and the env's draws in one mode: 'recording', 'ahead' or 'replaying' (from `queues`)."""
+        stack = contextlib.ExitStack()
+        for i, d in enumerate(x for x in (self.draws, self.env_draws) if x is not None):
+            stack.enter_context(d.replaying(queues[i]) if mode == "replaying" else getattr(d, mode)())
+        return stack
+
+    def _graph_step(self, t: int, obs_n: torch.Tensor, value: torch.Tensor,
+                    stats: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step under --cuda-graphs: eager until the graph is recorded, then a replay."""
+        step = self._captured or self._step
+        if self._graph is None:
+            if not self._planned:
+                with self._draw_contexts("recording"):
+                    out = self._step(t, obs_n, value, stats)
+                self._planned = True
+                return out
+            if self._warm_steps < 2:
+                self._warm_steps += 1
+                side = warm_stream(self.device)
+                with torch.cuda.stream(side), self._draw_contexts("ahead"):
+                    out = step(self._t_index[t] if self._captured else t, obs_n, value, stats)
+                torch.cuda.current_stream(self.device).wait_stream(side)
+                return out
+            self._record_graph(step, obs_n, value, stats)
+        io = self._graph_io
+        if obs_n is not io.obs_n:
+            io.obs_n.copy_(obs_n)
+        if value is not io.value:
+            io.value.copy_(value)
+        self._graph_t.fill_(t)
+        for d, queue in zip((x for x in (self.draws, self.env_draws) if x is not None), self._graph_queues):
+            d.refill(queue)
+        self._graph.replay()
+        return io.obs_n, io.value
+
+    def _record_graph(self, step: Callable, obs_n: torch.Tensor, value: torch.Tensor, stats: dict[str, torch.Tensor]) -> None:
+        io = self._graph_io = GraphInputs(obs_n.clone(), value.clone())
+        self._graph_t = torch.zeros(1, dtype=torch.long, device=self.device)
+        self._graph_queues = [d.buffers() for d in (self.draws, self.env_draws) if d is not None]
+        carried = Carried({"rollout": self, "env": self.env, "io": io, "stats": stats}, skip=(self.model, self.buf))
+        graph = torch.cuda.CUDAGraph()
+        with self._draw_contexts("replaying", self._graph_queues), torch.cuda.graph(graph):
+            io.obs_n, io.value = step(self._graph_t, io.obs_n, io.value, stats)
+            carried.fold()
+        self._graph = graph
 
     def _step(self, t: int | torch.Tensor, obs_n: torch.Tensor, value: torch.Tensor | None,
               stats: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -342,6 +422,8 @@ class Rollout:
 
     def load_state(self, tensors: dict[str, torch.Tensor], section: Callable[[str], dict[str, torch.Tensor]]) -> None:
         dev = self.device
+        # A recorded CUDA graph reads the tensors it was recorded with; restoring replaces them.
+        self._graph, self._warm_steps = None, 0
         self.env.load_state_dict(section("env"))
         rec = self.record
         rec.obs = tensors["record.obs"].to(dev)

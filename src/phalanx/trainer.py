@@ -33,6 +33,7 @@ from phalanx.envs.base import VecEnv, generator_state, set_generator_state
 from phalanx.envs.check import check_env
 from phalanx.errors import CheckpointError, ConfigError, NonFiniteEnvError, NonFiniteLossError
 from phalanx.evaluate import evaluate_policy
+from phalanx.graphs import GraphedStep, check_graphs
 from phalanx.league import LEAGUE_FILE, League, parse_mix
 from phalanx.logs import Progress, RunLog, summary_row
 from phalanx.models.registry import build_model, check_model, obs_dim_of
@@ -146,7 +147,8 @@ class Trainer:
         self.optimizer = torch.optim.Adam(self.params, lr=torch.tensor(cfg.lr, device=self.device), eps=cfg.adam_eps,
                                           foreach=True, capturable=True)
         self.hp = ppo_params(cfg)
-        self._amp = (partial(torch.autocast, device_type=self.device.type, dtype=torch.bfloat16)
+        # Autocast's cache of cast weights would outlive a CUDA graph's recording: off under --cuda-graphs.
+        self._amp = (partial(torch.autocast, device_type=self.device.type, dtype=torch.bfloat16, cache_enabled=not cfg.cuda_graphs)
                      if cfg.precision == "bf16" else contextlib.nullcontext)
         self.norms = Normalizers(obs_dim_of(self.env), self.N, self.A, norm_obs=cfg.norm_obs, norm_reward=cfg.norm_reward,
                                  norm_value=cfg.norm_value, gamma=cfg.gamma, obs_clip=cfg.obs_clip, device=self.device)
@@ -177,6 +179,13 @@ class Trainer:
             # the rollout step are captured whole.
             self.rollout.compile()
             self._step = compile_step(self._step, dynamic=False)
+        if cfg.cuda_graphs:
+            check_graphs(self.device)
+            if self.dist.enabled:
+                raise ConfigError("config key 'cuda_graphs' is not supported with torchrun yet (gradients are averaged "
+                                  "between ranks inside the step); train without it")
+            self.rollout.use_cuda_graphs()
+            self._step = GraphedStep(self._step, self.device)
         self.global_step = 0
         self.update_idx = 0
         self.recent_returns: list[float] = []

@@ -92,6 +92,16 @@ PROFILE_FALLBACK_NUM_ENVS = 1024
 # num_envs above a cap are skipped with a note unless --uncapped: pixel_goal's rollout buffer keeps
 # uint8 4x72x80 frame stacks, 23 KB per agent step (1024 envs x 128 steps = 3 GB).
 SUITE_MAX_ENVS = {"pixel_goal": 1024}
+# Training variants the suite can time beside eager (--modes): config keys each sets.
+MODES: dict[str, dict[str, Any]] = {
+    "eager": {},
+    "compile": {"compile": True},
+    "graphs": {"cuda_graphs": True},
+    "compile+graphs": {"compile": True, "cuda_graphs": True},
+    "bf16": {"precision": "bf16"},
+    "graphs+bf16": {"cuda_graphs": True, "precision": "bf16"},
+}
+CUDA_MODES = "eager,compile,graphs,graphs+bf16"
 DEFAULT_OUT = "bench/results"
 
 
@@ -166,6 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile-envs", type=_positive(int), default=None, metavar="N",
                    help="suite: num_envs of the update-cycle profile [per workload, see bench/README.md]")
     p.add_argument("--no-profile", dest="profile", action="store_false", help="suite: skip the update-cycle profile")
+    p.add_argument("--modes", default=None, metavar="MODE[,MODE...]",
+                   help=f"suite: training variants timed beside eager: {', '.join(MODES)} "
+                        f"[eager; on CUDA {CUDA_MODES}]")
     p.add_argument("--uncapped", action="store_true",
                    help=f"suite, profile: also measure num_envs above a workload's cap ({_caps_text()})")
     p.add_argument("--out", default=None, metavar="DIR",
@@ -673,12 +686,13 @@ def parse_workloads(text: str | None) -> list[str]:
     return picked
 
 
-def workload_config(name: str, num_envs: int, num_steps: int | None, run_dir: str, threads: int | None, device: str):
+def workload_config(name: str, num_envs: int, num_steps: int | None, run_dir: str, threads: int | None, device: str,
+                    **extra: Any):
     """The config `name` trains with (its train_defaults over the schema defaults) at `num_envs`; `num_steps`
-    None keeps the workload's own rollout length."""
+    None keeps the workload's own rollout length; `extra` sets other keys (a --modes variant)."""
     layer: dict[str, Any] = {
         "env": name, "num_envs": num_envs, "tensorboard": False, "progress": False, "run_dir": run_dir,
-        "total_steps": 10**12, "torch_threads": threads or 0, "device": device, "seed": 1,
+        "total_steps": 10**12, "torch_threads": threads or 0, "device": device, "seed": 1, **extra,
     }
     if num_steps is not None:
         layer["num_steps"] = num_steps
@@ -695,6 +709,18 @@ def workload_info(name: str, num_steps: int | None) -> dict[str, Any]:
     cfg = resolve({"env": name, **({"num_steps": num_steps} if num_steps else {})}).to_dict()
     keys = ("num_steps", "model", "hidden_sizes", "num_epochs", "num_minibatches", "critic", "param_sharing", "opponents")
     return {"num_agents": num_agents, **{k: cfg[k] for k in keys}}
+
+
+def parse_modes(text: str | None, device: str) -> list[str]:
+    """`--modes a,b` -> the training variants to time (eager always first); default: eager, and on CUDA also
+    --compile, --cuda-graphs and --cuda-graphs with bf16."""
+    if text is None:
+        text = CUDA_MODES if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()) else "eager"
+    picked = [m.strip() for m in text.split(",") if m.strip()]
+    for m in picked:
+        if m not in MODES:
+            raise BenchError(f"bench: unknown mode '{m}' in --modes; allowed: {', '.join(MODES)}")
+    return ["eager"] + [m for m in dict.fromkeys(picked) if m != "eager"]
 
 
 def _suite_num_envs(name: str, args: argparse.Namespace) -> list[int]:
@@ -823,7 +849,37 @@ def suite_row(name: str, num_envs: int, args: argparse.Namespace, device: torch.
         row["note"] = f"failed: {type(e).__name__}: {e}"
         return row
     row.update(env=env, train=train, peak_memory=mem.result, others_busy=_others(env, train))
+    row["modes"] = {"eager": {"train": train, "peak_memory": mem.result}}
+    for mode in args.mode_list:
+        if mode != "eager":
+            row["modes"][mode] = _mode_row(name, num_envs, mode, args, device)
+    if name == "cartpole" and args.ref:
+        row["ref"] = _reference_row(num_envs, args, device)
     return row
+
+
+def _mode_row(name: str, num_envs: int, mode: str, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """Training agent-steps/s and peak memory of one --modes variant; a refused or failing one keeps its note."""
+    try:
+        with PeakMemory(device) as mem:
+            _, train = bench_trainer(num_envs, args.steps, args.seconds, args.threads, str(device),
+                                     partial(workload_config, name, **MODES[mode]), rollout=False)
+    except ConfigError as e:
+        return {"train": None, "peak_memory": None, "note": f"n/a: {e}"}
+    except Exception as e:  # noqa: BLE001 - one failing variant must not end the suite
+        return {"train": None, "peak_memory": None, "note": f"failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+    return {"train": train, "peak_memory": mem.result, "note": None}
+
+
+def _reference_row(num_envs: int, args: argparse.Namespace, device: torch.device) -> dict[str, Any] | None:
+    """The minimal pure-torch PPO loop at cartpole's own training settings (steps, epochs, minibatches, width)."""
+    cfg = resolve({"env": "cartpole", **({"num_steps": args.steps} if args.steps else {})})
+    ref = ReferencePPO(num_envs, cfg.num_steps, device, epochs=cfg.num_epochs, minibatches=cfg.num_minibatches,
+                       hidden=cfg.hidden_sizes[0])
+    try:
+        return measure(ref.iteration, num_envs * cfg.num_steps, args.seconds, device)
+    finally:
+        ref.env.close()
 
 
 def warm_up(name: str, num_envs: int, args: argparse.Namespace, device: torch.device) -> None:
@@ -848,7 +904,13 @@ def _suite_line(row: dict[str, Any]) -> str:
     mem = row["peak_memory"]["bytes"] if row["peak_memory"] else None
     cells = [row["workload"], str(row["num_envs"]), _fmt(_sps(row["env"])), _fmt(_sps(row["train"])), _fmt_bytes(mem),
              _fmt_busy(row["others_busy"])]
-    return _line(cells, SUITE_COLUMNS) + (f"  {row['note']}" if row["note"] else "")
+    extra = [f"{m} {_fmt(_sps(v['train']))}" + (f" ({_fmt_bytes(v['peak_memory']['bytes'])})" if v["peak_memory"] else "")
+             for m, v in row.get("modes", {}).items() if m != "eager"]
+    if row.get("ref"):
+        extra.append(f"minimal loop {_fmt(row['ref']['sps'])}")
+    notes = [row["note"]] if row["note"] else []
+    notes += [f"{m}: {v['note']}" for m, v in row.get("modes", {}).items() if v.get("note")]
+    return _line(cells, SUITE_COLUMNS) + ("  " + "; ".join(extra) if extra else "") + ("  " + "; ".join(notes) if notes else "")
 
 
 def _machine_line(m: dict[str, Any]) -> str:
@@ -869,7 +931,7 @@ def run_suite(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {
         "target": "suite", "machine": _machine(device),
         "settings": {"seconds": args.seconds, "num_steps": args.steps, "threads": args.threads, "device": str(device),
-                     "uncapped": args.uncapped},
+                     "uncapped": args.uncapped, "modes": args.mode_list},
         "workloads": {}, "rows": [], "sb3": None, "profile": [],
     }
     print(f"phalanx bench suite: {', '.join(args.workload_list)}; {_machine_line(out['machine'])}")
@@ -906,13 +968,25 @@ def suite_markdown(result: dict[str, Any]) -> str:
              f"{result['settings']['seconds']:g} s after one warm-up iteration). Training runs collect + update with "
              "the workload's own training config. Peak memory: "
              + _memory_text(result["rows"]), "",
-             "| workload | agents | steps | model | num_envs | env-only | training | peak memory | note |",
-             "|---|--:|--:|---|--:|--:|--:|--:|---|"]
+             ]
+    modes = [m for m in result["settings"].get("modes", ["eager"]) if m != "eager"]
+    ref = any(r.get("ref") for r in result["rows"])
+    head = ["workload", "agents", "steps", "model", "num_envs", "env-only", "training"] + modes + (["minimal loop"] if ref else [])
+    lines += ["| " + " | ".join(head + ["peak memory", "note"]) + " |",
+              "|---|--:|--:|---|" + "--:|" * (len(head) - 4) + "--:|---|"]
     for r in result["rows"]:
         w = result["workloads"][r["workload"]]
         mem = r["peak_memory"]["bytes"] if r["peak_memory"] else None
+        got = r.get("modes", {})
+        cells = [_fmt(_sps(got[m]["train"])) if m in got else "" for m in modes]
+        if ref:
+            cells.append(_fmt(_sps(r.get("ref"))))
+        mems = [_fmt_bytes(mem)] + [f"{m} {_fmt_bytes(got[m]['peak_memory']['bytes'])}" for m in modes
+                                    if m in got and got[m]["peak_memory"]]
+        notes = ([r["note"]] if r["note"] else []) + [f"{m}: {got[m]['note']}" for m in modes if m in got and got[m].get("note")]
         lines.append(f"| {r['workload']} | {w['num_agents']} | {w['num_steps']} | {w['model']} | {r['num_envs']} | "
-                     f"{_fmt(_sps(r['env']))} | {_fmt(_sps(r['train']))} | {_fmt_bytes(mem)} | {r['note'] or ''} |")
+                     f"{_fmt(_sps(r['env']))} | {_fmt(_sps(r['train']))} | " + "".join(f"{c} | " for c in cells)
+                     + f"{', '.join(mems)} | {'; '.join(notes)} |")
     sb3 = result.get("sb3")
     if sb3:
         ratio = f" = {sb3['phalanx_over_sb3']:.1f}x SB3" if sb3["phalanx_over_sb3"] else ""
@@ -1144,6 +1218,7 @@ def _check_suite(args: argparse.Namespace) -> None:
             if bad:
                 raise BenchError(f"bench: {flag} does not apply to the profile target")
     args.workload_list = parse_workloads(args.workloads)
+    args.mode_list = parse_modes(args.modes, args.device)
     out = args.out or (DEFAULT_OUT if args.target == "suite" else None)
     if out is not None and Path(out).exists() and not Path(out).is_dir():
         raise BenchError(f"bench: --out '{out}' is not a directory")

@@ -37,12 +37,13 @@ class ReferencePPO:
     """CleanRL's ppo.py reduced to its tensors, on the phalanx cartpole env (no logging, no truncation bootstrap)."""
 
     def __init__(self, num_envs: int, num_steps: int, device: torch.device, seed: int = 1,
-                 epochs: int = 4, minibatches: int = 8, lr: float = 2.5e-4, gamma: float = 0.99, lam: float = 0.95):
+                 epochs: int = 4, minibatches: int = 8, lr: float = 2.5e-4, gamma: float = 0.99, lam: float = 0.95,
+                 hidden: int = 64):
         torch.manual_seed(seed)
         self.N, self.T, self.dev = num_envs, num_steps, device
         self.epochs, self.minibatches, self.gamma, self.lam = epochs, minibatches, gamma, lam
         self.env = make("cartpole", num_envs=num_envs, device=device, seed=seed)
-        self.agent = _RefAgent(4, 2).to(device)
+        self.agent = _RefAgent(4, 2, hidden).to(device)
         self.opt = torch.optim.Adam(self.agent.parameters(), lr=lr, eps=1e-5)
         T, N = num_steps, num_envs
         self.obs = torch.zeros(T, N, 4, device=device)

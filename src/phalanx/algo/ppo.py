@@ -228,7 +228,8 @@ def ppo_update(
         for idx in perm.tensor_split(parts):
             metrics = step(batch, idx)
             for k, v in metrics.items():
-                sums[k] = sums[k] + v if k in sums else v
+                # A step replayed as a CUDA graph returns the same tensors each time: keep a copy.
+                sums[k] = sums[k] + v if k in sums else v.clone()
             kl_epoch += metrics["approx_kl"]
             steps += 1
         epochs_done += 1

@@ -107,3 +107,15 @@ def generator_state(gen: torch.Generator) -> torch.Tensor:
 
 def set_generator_state(gen: torch.Generator, state: torch.Tensor) -> None:
     gen.set_state(state.to(device="cpu", dtype=torch.uint8).contiguous())
+
+
+def same_device(a: torch.device | str, b: torch.device | str) -> bool:
+    """Whether two devices are one: 'cuda' names the current CUDA device, so it equals 'cuda:0' there
+    (torch.device('cuda') != torch.device('cuda:0') as objects, yet tensors made on either live together)."""
+    a, b = torch.device(a), torch.device(b)
+    if a.type != b.type:
+        return False
+    if a.index == b.index:
+        return True
+    current = torch.cuda.current_device() if a.type == "cuda" else 0
+    return (current if a.index is None else a.index) == (current if b.index is None else b.index)

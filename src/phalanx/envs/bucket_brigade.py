@@ -77,6 +77,7 @@ from dataclasses import dataclass
 
 import torch
 
+from phalanx.consts import constant
 from phalanx.draws import Draws
 from phalanx.envs import draw
 from phalanx.envs.base import StepRecord, VecEnv, generator_state, set_generator_state
@@ -144,7 +145,7 @@ _HOUSE_CODE = (0.5, 1.0, 0.0)  # Safe, Burning, Ruined
 
 def encode_houses(houses: torch.Tensor) -> torch.Tensor:
     """House states -> observation values (Safe 0.5, Burning 1, Ruined 0)."""
-    return torch.tensor(_HOUSE_CODE, device=houses.device)[houses]
+    return constant(_HOUSE_CODE, houses.device)[houses]
 
 
 def decode_houses(values: torch.Tensor) -> torch.Tensor:

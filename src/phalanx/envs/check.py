@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 
 from phalanx.draws import Draws
-from phalanx.envs.base import StepRecord, VecEnv
+from phalanx.envs.base import StepRecord, VecEnv, same_device
 from phalanx.envs.spaces import ActionError, Box, Discrete, MultiDiscrete
 from phalanx.errors import EnvContractError
 
@@ -51,7 +51,7 @@ def check_attributes(env: VecEnv) -> None:
     roles = getattr(env, "roles", None)
     if not isinstance(roles, torch.Tensor):
         raise _fail(env, "roles must be a long tensor [num_agents] of role indices (all zeros: env.default_roles()); it is missing")
-    if tuple(roles.shape) != (env.num_agents,) or roles.dtype != torch.long or roles.device != env.device:
+    if tuple(roles.shape) != (env.num_agents,) or roles.dtype != torch.long or not same_device(roles.device, env.device):
         raise _fail(env, f"roles must be int64 [{env.num_agents}] on {env.device}; got {_dt(roles.dtype)} "
                          f"{list(roles.shape)} on {roles.device}")
     if not isinstance(env.role_names, tuple) or not env.role_names or not all(isinstance(r, str) for r in env.role_names):
@@ -78,7 +78,7 @@ def check_record(env: VecEnv, rec: object, where: str) -> StepRecord:
             raise _fail(env, f"{where}() record.{field} must have shape {list(shape)}; got {list(x.shape)}")
         if x.dtype != dtype:
             raise _fail(env, f"{where}() record.{field} must be {_dt(dtype)}; got {_dt(x.dtype)}")
-        if x.device != env.device:
+        if not same_device(x.device, env.device):
             raise _fail(env, f"{where}() record.{field} must be on {env.device}; got {x.device}")
 
     tensor("obs", (n, a, *space.shape), space.dtype)
@@ -95,7 +95,7 @@ def check_record(env: VecEnv, rec: object, where: str) -> StepRecord:
     if not isinstance(rec.info, dict):
         raise _fail(env, f"{where}() record.info must be a dict of tensors; got {type(rec.info).__name__}")
     for key, value in rec.info.items():
-        if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.shape[0] != n or value.device != env.device:
+        if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.shape[0] != n or not same_device(value.device, env.device):
             got = f"{list(value.shape)} on {value.device}" if isinstance(value, torch.Tensor) else type(value).__name__
             raise _fail(env, f"{where}() record.info['{key}'] must be a tensor [num_envs={n}] or [{n}, {a}] on {env.device}; got {got}")
     return rec

@@ -136,6 +136,7 @@ from dataclasses import dataclass
 
 import torch
 
+from phalanx.consts import constant
 from phalanx.draws import Draws
 from phalanx.envs.base import StepRecord, VecEnv, generator_state, set_generator_state
 from phalanx.envs.registry import EnvOption, EnvSpec, register
@@ -496,7 +497,7 @@ class DroneSwarmEnv(VecEnv):
         own = torch.stack(
             (pos[..., 0] / size, pos[..., 1] / size, pos[..., 2] / self.z_max, vs * ch, vs * sh, ch, sh, self.battery, self.link), -1
         )
-        scale = torch.tensor([1.0 / size, 1.0 / size, 1.0 / p.altitude], device=self.device)
+        scale = constant((1.0 / size, 1.0 / size, 1.0 / p.altitude), self.device)
         rel = (pos.unsqueeze(1) - pos.unsqueeze(2)) * scale  # [N, i, j, 3]: pos_j - pos_i
         if self._others is not None:
             rows = torch.arange(a, device=self.device).unsqueeze(1)

@@ -87,6 +87,7 @@ from __future__ import annotations
 
 import torch
 
+from phalanx.consts import constant
 from phalanx.draws import Draws
 from phalanx.envs import draw
 from phalanx.envs.base import StepRecord, VecEnv, generator_state, set_generator_state
@@ -164,8 +165,8 @@ FIGHTER_BOOL = ("grounded", "move_up", "move_hit", "pickup_paid")
 
 def mirror_features(f: torch.Tensor) -> torch.Tensor:
     """One fighter's 32 features [..., 32] seen from the mirrored frame."""
-    sign = torch.tensor(MIRROR_SIGN, dtype=f.dtype, device=f.device)
-    return (f * sign)[..., list(MIRROR_PERM)]
+    sign = constant(MIRROR_SIGN, f.device, f.dtype)
+    return (f * sign).index_select(-1, constant(MIRROR_PERM, f.device, torch.long))
 
 
 def flip(t: torch.Tensor) -> torch.Tensor:

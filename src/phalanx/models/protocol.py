@@ -12,12 +12,15 @@ from typing import ClassVar, Protocol, runtime_checkable
 import torch
 
 from phalanx.draws import Source
-from phalanx.models.mlp import ActionHead
 
 
 @runtime_checkable
 class ActorCritic(Protocol):
-    """What every actor-critic offers."""
+    """What every actor-critic offers, and its action head `head` (a phalanx.models.mlp.ActionHead).
+
+    `head` is written here, not declared below: a submodule lives in the module's `_modules`, and
+    since Python 3.12 a runtime protocol checks members with inspect.getattr_static, which does not
+    see it, so a declared `head` made every model fail isinstance on 3.12."""
 
     recurrent: ClassVar[bool]  # memory across steps: a step forward in rollouts, a sequence forward in training
     obs_is_image: ClassVar[bool]  # takes uint8 pixels [..., A, C, H, W] and scales them itself
@@ -25,7 +28,6 @@ class ActorCritic(Protocol):
     memory_critic: bool  # the critic reads the memory: values come from act_step / value_step / evaluate_seq
     slot_agnostic: bool  # every slot is treated alike (no slot id, one parameter set, per-agent critic)
     num_agents: int
-    head: ActionHead
 
     def value(self, critic_in: torch.Tensor) -> torch.Tensor:
         """V per agent [..., A] from observations [..., A, D] (IPPO) or the global state [..., S] (MAPPO)."""

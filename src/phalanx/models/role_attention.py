@@ -13,6 +13,7 @@ import math
 import torch
 from torch import nn
 
+from phalanx.consts import constant
 from phalanx.draws import Source
 from phalanx.envs.spaces import Space
 from phalanx.models.mlp import ACTIVATIONS, ActionHead, layer_init, mlp
@@ -100,7 +101,7 @@ def role_attention_weights(
     """
     if pools is None:
         pools = ((), DEFAULT_RELAY_ROLES)
-        relay = torch.isin(key_roles, torch.tensor(DEFAULT_RELAY_ROLES, device=key_roles.device))
+        relay = torch.isin(key_roles, constant(DEFAULT_RELAY_ROLES, key_roles.device, torch.long))
         key_pool = relay.long()
     else:
         seen = [r for p in pools for r in p]
@@ -108,7 +109,7 @@ def role_attention_weights(
             raise ValueError(f"a role appears in more than one pool: {pools}")
         key_pool = torch.full_like(key_roles, -1, dtype=torch.long)
         for p, roles in enumerate(pools):
-            hit = torch.isin(key_roles, torch.tensor(roles, dtype=key_roles.dtype, device=key_roles.device))
+            hit = torch.isin(key_roles, constant(tuple(roles), key_roles.device, key_roles.dtype))
             key_pool = torch.where(hit, p, key_pool)
     _check(masses, len(pools), floor, temperature)
     if floor_pool is not None and not 0 <= floor_pool < len(pools):

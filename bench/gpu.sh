@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Phalanx on a CUDA machine without internet access, over the machine's own PyTorch: installs the
+# project (no dependencies fetched; wheels it lacks come from WHEELS, default .whl/), then runs the
+# stages named on the command line and writes every log and figure to RESULTS (default gpu-results/).
+#
+#   bench/gpu.sh setup tests suite solve       # stages: setup info tests graphs suite cartpole solve bucket bucket_eager
+#
+# Wheels to carry for a machine that has torch but not the rest (from a machine with pip access):
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 -d .whl \
+#       openskill gymnasium farama-notifications pettingzoo mpe2 pygame-ce stable-baselines3
+set -uo pipefail
+cd "$(dirname "$0")/.."
+RESULTS=${RESULTS:-${OUT:-gpu-results}}
+WHEELS=${WHEELS:-.whl}
+PY=${PYTHON:-python3}
+PHX="$PY -m phalanx"
+mkdir -p "$RESULTS"
+export PYTHONUNBUFFERED=1
+
+stage_setup() {
+    if compgen -G "$WHEELS/*.whl" >/dev/null; then
+        $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/phalanx-site "$WHEELS"/*.whl || return 1
+        export PYTHONPATH=/tmp/phalanx-site${PYTHONPATH:+:$PYTHONPATH}
+    fi
+    $PY -m pip install -q --no-index --no-deps --no-build-isolation -e . || return 1
+    $PY -c "import phalanx, torch; print('phalanx', phalanx.__version__, 'torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
+}
+
+stage_info() {
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$RESULTS/gpu.txt"
+    $PY -c "import torch, platform; print(torch.__version__, torch.version.cuda, platform.python_version(), torch.cuda.get_device_properties(0))" | tee -a "$RESULTS/gpu.txt"
+}
+
+stage_tests() {  # the whole suite with CUDA as the default device ('auto'); CUDA-only tests run, not skip
+    timeout "${TEST_SECONDS:-330}" $PY -m pytest -q -n "${TEST_WORKERS:-12}" -p no:cacheprovider --timeout 240 -rfEs \
+        --junitxml="$RESULTS/junit.xml" 2>&1 | tail -n 80 | tee "$RESULTS/tests.log"
+}
+
+stage_graphs() {  # the CUDA-only tests alone, verbose
+    $PY -m pytest -q -p no:cacheprovider -rfEs tests/test_cuda.py tests/test_envs_classic.py -k "cuda or gpu" 2>&1 \
+        | tail -n 60 | tee "$RESULTS/cuda_tests.log"
+}
+
+stage_suite() {  # every workload at 4k / 16k / 64k envs
+    timeout "${SUITE_SECONDS:-400}" $PHX bench suite --device cuda --num-envs "${SUITE_ENVS:-4096,16384,65536}" \
+        --seconds "${BENCH_SECONDS:-2}" --no-profile --uncapped --out "$RESULTS/suite" --json "$RESULTS/suite.json" ${SUITE_ARGS:-} \
+        2>&1 | tee "$RESULTS/suite.log"
+}
+
+stage_cartpole() {  # eager, --compile and the minimal loop in turns, one process
+    timeout "${CARTPOLE_SECONDS:-300}" $PHX bench cartpole --device cuda --num-envs "${CARTPOLE_ENVS:-4096,16384,65536}" \
+        --steps 32 --seconds "${BENCH_SECONDS:-2}" --compile ${CARTPOLE_ARGS:-} --json "$RESULTS/cartpole.json" 2>&1 | tee "$RESULTS/cartpole.log"
+}
+
+solve() {  # solve NAME ARGS...: wall-clock of the whole `phalanx train` process, then greedy/sampled eval
+    local name=$1; shift
+    local run="$RESULTS/runs/$name"
+    rm -rf "$run"
+    local t0 t1
+    t0=$(date +%s.%N)
+    timeout "${SOLVE_SECONDS:-300}" $PHX train --device cuda --run-dir "$run" --progress false --tensorboard false "$@" >"$RESULTS/$name.train.log" 2>&1
+    local rc=$?
+    t1=$(date +%s.%N)
+    echo "$name: train rc $rc, wall $($PY -c "print(round($t1 - $t0, 1))") s: $*" | tee -a "$RESULTS/solve.txt"
+    $PHX eval "$run" --episodes "${EVAL_EPISODES:-100}" --device cuda ${EVAL_ARGS:-} 2>&1 | tee -a "$RESULTS/solve.txt"
+}
+
+stage_solve() {  # cartpole to greedy 475: its default config, eager and with CUDA graphs
+    solve cartpole_eager --env cartpole --seed 1
+    solve cartpole_graphs --env cartpole --seed 1 --cuda-graphs
+}
+
+stage_bucket() {  # bucket_brigade above the best archetype team (hero 880.57 at seed 1 on CPU)
+    EVAL_EPISODES=500 EVAL_ARGS="--vs firefighter,hero" solve bucket_graphs --env bucket_brigade --scenario default --seed 1 --cuda-graphs
+}
+
+stage_bucket_eager() {
+    EVAL_EPISODES=500 EVAL_ARGS="--vs firefighter,hero" solve bucket_eager --env bucket_brigade --scenario default --seed 1
+}
+
+for s in "$@"; do
+    echo "== stage $s ($(date +%T))"
+    "stage_$s" || echo "== stage $s failed"
+done
