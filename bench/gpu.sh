@@ -32,8 +32,11 @@ stage_info() {
 }
 
 stage_tests() {  # the whole suite with CUDA as the default device ('auto'); CUDA-only tests run, not skip
-    timeout "${TEST_SECONDS:-330}" $PY -m pytest -q -n "${TEST_WORKERS:-12}" -p no:cacheprovider --timeout 240 -rfEs \
-        --junitxml="$RESULTS/junit.xml" 2>&1 | tail -n 80 | tee "$RESULTS/tests.log"
+    timeout "${TEST_SECONDS:-330}" $PY -m pytest -v -n "${TEST_WORKERS:-12}" -p no:cacheprovider --timeout 240 -rfEs \
+        --junitxml="$RESULTS/junit.xml" >"$RESULTS/tests_full.log" 2>&1
+    local rc=$?
+    grep -E "FAILED|ERROR|passed|failed" "$RESULTS/tests_full.log" | grep -v "^tests/" | tail -n 60 | tee "$RESULTS/tests.log"
+    return $rc
 }
 
 stage_graphs() {  # the CUDA-only tests alone, verbose
@@ -67,11 +70,11 @@ solve() {  # solve NAME ARGS...: wall-clock of the whole `phalanx train` process
 
 stage_solve() {  # cartpole to greedy 475: its default config, eager and with CUDA graphs
     solve cartpole_eager --env cartpole --seed 1
-    solve cartpole_graphs --env cartpole --seed 1 --cuda-graphs
+    solve cartpole_graphs --env cartpole --seed 1 --cuda-graphs true
 }
 
 stage_bucket() {  # bucket_brigade above the best archetype team (hero 880.57 at seed 1 on CPU)
-    EVAL_EPISODES=500 EVAL_ARGS="--vs firefighter,hero" solve bucket_graphs --env bucket_brigade --scenario default --seed 1 --cuda-graphs
+    EVAL_EPISODES=500 EVAL_ARGS="--vs firefighter,hero" solve bucket_graphs --env bucket_brigade --scenario default --seed 1 --cuda-graphs true
 }
 
 stage_bucket_eager() {

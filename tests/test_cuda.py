@@ -13,7 +13,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 WORKLOADS = {
     "cartpole": dict(env="cartpole", norm_obs=True, norm_reward=True),
-    "bucket_brigade": dict(env="bucket_brigade", scenario="default"),
+    "bucket_brigade": dict(env="bucket_brigade"),
     "drone_swarm": dict(env="drone_swarm", model="role_attention", tf_width=16, hidden_sizes=[16]),
     "pixel_goal": dict(env="pixel_goal", model="cnn", cnn_channels=[4, 8, 8], cnn_dense=16),
 }
@@ -35,8 +35,18 @@ def _trainer(tmp_path, name: str, tag: str, **extra) -> Trainer:
     return Trainer(resolve(cfg))
 
 
+@pytest.fixture
+def deterministic_cudnn():
+    # cuDNN's convolution gradients add in varying order: two eager runs of the CNN drift apart by
+    # rounding (explained variance differed by more than 1e-5 after 6 updates), graphs or not.
+    before = torch.backends.cudnn.deterministic
+    torch.backends.cudnn.deterministic = True
+    yield
+    torch.backends.cudnn.deterministic = before
+
+
 @pytest.mark.parametrize("name", sorted(WORKLOADS))
-def test_cuda_graphs_replay_what_the_eager_run_computes(tmp_path, name):
+def test_cuda_graphs_replay_what_the_eager_run_computes(tmp_path, name, deterministic_cudnn):
     """20 updates with the rollout step and the minibatch step replayed as CUDA graphs end within 1e-5 of
     the eager run: weights, Adam's moments, the envs' state and the metrics."""
     eager, graphed = _trainer(tmp_path, name, "eager"), _trainer(tmp_path, name, "graphs", cuda_graphs=True)

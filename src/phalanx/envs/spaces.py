@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from phalanx.consts import constant
+
 
 class ActionError(ValueError):
     """Actions that do not fit the action space; the message is one line."""
@@ -63,7 +65,7 @@ class Discrete:
         """Uniformly random valid actions [N, A]."""
         if not self.slot_n:
             return torch.randint(0, self.n, (num_envs, num_agents), generator=generator, device=device)
-        limits = torch.tensor(self.slot_n, device=device)
+        limits = constant(tuple(self.slot_n), device, torch.long)
         return (torch.rand(num_envs, num_agents, generator=generator, device=device) * limits).long().clamp_max(limits - 1)
 
     def check(self, actions: torch.Tensor, num_envs: int, num_agents: int, values: bool | None = None) -> torch.Tensor:
@@ -104,7 +106,7 @@ class MultiDiscrete:
 
     def sample(self, num_envs: int, num_agents: int, generator: torch.Generator | None, device: torch.device | str) -> torch.Tensor:
         """Uniformly random actions [N, A, k]."""
-        nvec = torch.tensor(self.nvec, device=device)
+        nvec = constant(tuple(self.nvec), device, torch.long)
         u = torch.rand(num_envs, num_agents, len(self.nvec), generator=generator, device=device)
         return (u * nvec).long().clamp_max(nvec - 1)
 
@@ -138,10 +140,10 @@ class Box:
         return Box((float(low),) * n, (float(high),) * n, tuple(shape), dtype)
 
     def low_tensor(self, device: torch.device | str = "cpu") -> torch.Tensor:
-        return torch.tensor(self.low, dtype=torch.float32, device=device).reshape(self.shape)
+        return constant(tuple(self.low), device).reshape(self.shape)
 
     def high_tensor(self, device: torch.device | str = "cpu") -> torch.Tensor:
-        return torch.tensor(self.high, dtype=torch.float32, device=device).reshape(self.shape)
+        return constant(tuple(self.high), device).reshape(self.shape)
 
     def sample(self, num_envs: int, num_agents: int, generator: torch.Generator | None, device: torch.device | str) -> torch.Tensor:
         """Uniformly random actions [N, A, *shape] (an unbounded side is drawn within [-1, 1])."""

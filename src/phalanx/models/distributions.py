@@ -11,6 +11,7 @@ import math
 
 import torch
 
+from phalanx.consts import constant
 from phalanx.draws import Source, normal, uniform
 
 _NEG = -1e9  # padding logit for multi-discrete heads of unequal size; finite so p*log(p) stays 0
@@ -54,10 +55,8 @@ def pad_multi_logits(flat: torch.Tensor, nvec: tuple[int, ...]) -> torch.Tensor:
     k, width = len(nvec), max(nvec)
     if all(n == width for n in nvec):
         return flat.reshape(*flat.shape[:-1], k, width)
-    index = torch.tensor(
-        [sum(nvec[:i]) + j if j < n else 0 for i, n in enumerate(nvec) for j in range(width)],
-        device=flat.device,
-    )
-    valid = torch.tensor([j < n for n in nvec for j in range(width)], device=flat.device)
+    index = constant(tuple(sum(nvec[:i]) + j if j < n else 0 for i, n in enumerate(nvec) for j in range(width)),
+                     flat.device, torch.long)
+    valid = constant(tuple(j < n for n in nvec for j in range(width)), flat.device, torch.bool)
     padded = torch.where(valid, flat[..., index], torch.full_like(flat[..., index], _NEG))
     return padded.reshape(*flat.shape[:-1], k, width)
