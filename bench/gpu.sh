@@ -73,6 +73,10 @@ stage_solve() {  # cartpole to greedy 475: its default config, eager and with CU
     solve cartpole_graphs --env cartpole --seed 1 --cuda-graphs true
 }
 
+stage_solve_graphs() {
+    solve cartpole_graphs --env cartpole --seed 1 --cuda-graphs true
+}
+
 stage_bucket() {  # bucket_brigade above the best archetype team (hero 880.57 at seed 1 on CPU)
     EVAL_EPISODES=500 EVAL_ARGS="--vs firefighter,hero" solve bucket_graphs --env bucket_brigade --scenario default --seed 1 --cuda-graphs true
 }
