@@ -44,6 +44,11 @@ stage_graphs() {  # the CUDA-only tests alone, verbose
         | tail -n 60 | tee "$RESULTS/cuda_tests.log"
 }
 
+stage_retest() {  # named tests only (RETEST), e.g. the ones a full run failed
+    timeout "${TEST_SECONDS:-200}" $PY -m pytest -q -n "${TEST_WORKERS:-8}" -p no:cacheprovider --timeout 180 -rfE $RETEST 2>&1 \
+        | grep -v "PytestBenchmarkWarning\|warner(" | tail -n 30 | tee "$RESULTS/retest.log"
+}
+
 stage_suite() {  # every workload at 4k / 16k / 64k envs
     timeout "${SUITE_SECONDS:-400}" $PHX bench suite --device cuda --num-envs "${SUITE_ENVS:-4096,16384,65536}" \
         --seconds "${BENCH_SECONDS:-2}" --no-profile --uncapped --out "$RESULTS/suite" --json "$RESULTS/suite.json" ${SUITE_ARGS:-} \

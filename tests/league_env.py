@@ -81,7 +81,7 @@ class RPSEnv(VecEnv):
         return {"t": self.t.clone(), "last": self.last.clone(), "score": self.score.clone(), "rng": generator_state(self.gen)}
 
     def load_state_dict(self, state):
-        self.t, self.last, self.score = state["t"].clone(), state["last"].clone(), state["score"].clone()
+        self.t, self.last, self.score = (state[k].to(self.device).clone() for k in ("t", "last", "score"))
         set_generator_state(self.gen, state["rng"])
 
 

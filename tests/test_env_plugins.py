@@ -26,18 +26,18 @@ class Reach1D(VecEnv):
     def __init__(self, num_envs=1, device="cpu", seed=0, size=8, goal=7):
         self.num_envs, self.device, self.size, self.goal = num_envs, torch.device(device), size, goal
         self.roles = self.default_roles()
-        self.gen = torch.Generator().manual_seed(seed or 0)
-        self.pos = torch.zeros(num_envs, dtype=torch.long)
-        self.t = torch.zeros(num_envs, dtype=torch.long)
+        self.gen = torch.Generator(device=self.device).manual_seed(seed or 0)
+        self.pos = torch.zeros(num_envs, dtype=torch.long, device=self.device)
+        self.t = torch.zeros(num_envs, dtype=torch.long, device=self.device)
 
     def _obs(self):
         return (self.pos.float() / (self.size - 1) * 2 - 1).reshape(-1, 1, 1)
 
     def _start(self):
-        return torch.randint(0, self.goal, (self.num_envs,), generator=self.gen)
+        return torch.randint(0, self.goal, (self.num_envs,), generator=self.gen, device=self.device)
 
     def _record(self, reward, term, trunc, final_obs):
-        z = torch.zeros(self.num_envs, 1, dtype=torch.bool)
+        z = torch.zeros(self.num_envs, 1, dtype=torch.bool, device=self.device)
         return StepRecord(obs=self._obs(), reward=reward, terminated=term, truncated=trunc, active=~z, trial_end=z,
                           final_obs=final_obs)
 
@@ -45,7 +45,7 @@ class Reach1D(VecEnv):
         if seed is not None:
             self.gen.manual_seed(seed)
         self.pos, self.t = self._start(), torch.zeros_like(self.t)
-        z = torch.zeros(self.num_envs, 1)
+        z = torch.zeros(self.num_envs, 1, device=self.device)
         return self._record(z, z.bool(), z.bool(), self._obs())
 
     def step(self, actions):
@@ -63,7 +63,7 @@ class Reach1D(VecEnv):
         return {"pos": self.pos.clone(), "t": self.t.clone(), "rng": generator_state(self.gen)}
 
     def load_state_dict(self, state):
-        self.pos, self.t = state["pos"].clone(), state["t"].clone()
+        self.pos, self.t = state["pos"].to(self.device).clone(), state["t"].to(self.device).clone()
         set_generator_state(self.gen, state["rng"])
 
 

@@ -153,7 +153,7 @@ def test_kill_9_storm_then_resume_matches_uninterrupted(tmp_path):
     args = ["--env", "duel", "--time-limit", "90", "--total-steps", str(64 * updates), "--num-envs", "4",
             "--num-steps", "16", "--num-epochs", "1", "--num-minibatches", "2", "--checkpoint-every", "64",
             "--snapshot-every", "64", "--pool-size", "3", "--hidden-sizes", "32,32", "--seed", "3",
-            "--progress", "false", "--tensorboard", "false", "--torch-threads", "1"]
+            "--progress", "false", "--tensorboard", "false", "--torch-threads", "1", "--device", "cpu"]
     cmd = [sys.executable, "-m", "phalanx", "train"]
     subprocess.run(cmd + args + ["--run-dir", str(tmp_path / "full")], check=True, capture_output=True, timeout=600)
     run = tmp_path / "killed"

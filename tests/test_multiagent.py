@@ -48,7 +48,7 @@ class TinyTeamEnv(VecEnv):
         self.t.zero_()
         obs = self._obs()
         f = torch.zeros(self.num_envs, 3, dtype=torch.bool, device=self.device)
-        return StepRecord(obs, torch.zeros(self.num_envs, 3), f, f, self._active(), f, obs, self.s, self.s)
+        return StepRecord(obs, torch.zeros(self.num_envs, 3, device=self.device), f, f, self._active(), f, obs, self.s, self.s)
 
     def step(self, actions):
         active = self._active()
@@ -75,7 +75,9 @@ class TinyTeamEnv(VecEnv):
 
 
 register(EnvSpec("tiny_team", TinyTeamEnv, "test env: 3 slots, one leaves mid-episode"))
-BASE = dict(env="tiny_team", num_envs=4, num_steps=12, num_epochs=2, num_minibatches=2, progress=False, tensorboard=False)
+# On the CPU: the tests below write host tensors into the rollout buffers.
+BASE = dict(env="tiny_team", num_envs=4, num_steps=12, num_epochs=2, num_minibatches=2, progress=False, tensorboard=False,
+            device="cpu")
 
 
 def make_trainer(tmp_path, **kw):

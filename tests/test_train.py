@@ -256,7 +256,8 @@ def test_nonfinite_loss_stops_with_snapshot(tmp_path):
 
 
 def test_python_api_load_and_act(tmp_path):
-    result = phalanx.train(env="pendulum", total_steps=256, run_dir=tmp_path / "r", norm_obs=True, **SMALL)
+    # On the CPU: the loaded policy (CPU) must act bit for bit as the trained one.
+    result = phalanx.train(env="pendulum", total_steps=256, run_dir=tmp_path / "r", norm_obs=True, device="cpu", **SMALL)
     policy = phalanx.load(result.run_dir)
     obs = torch.randn(5, 1, 3)
     greedy = policy.act(obs)

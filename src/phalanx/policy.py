@@ -59,19 +59,22 @@ class Policy:
         """Map a batch of observations [..., A, *obs_shape] to env actions, greedy or sampled.
 
         Memory policies carry their memory between calls: pass `reset` [..., A] where an episode
-        starts (the previous step ended it) and `active` [..., A] for slots that act.
+        starts (the previous step ended it) and `active` [..., A] for slots that act. The actions come
+        back on the observations' device (a policy trained on a GPU plays a CPU env as it is).
         """
         if not torch.is_tensor(obs):
             obs = torch.as_tensor(obs)
         x = self.preprocess(obs)
         if not self.recurrent:
             action, _ = self.model.act(x, generator, greedy)
-            return self.model.head.to_env(action)
+            return self.model.head.to_env(action).to(obs.device)
         slots = x.shape[:-1].numel()
         if self.memory is None or self.memory.batch_size != slots:
             self.memory = self.model.initial_state(slots, self.device)
+        reset = reset.to(self.device) if reset is not None else None
+        active = active.to(self.device) if active is not None else None
         action, _, _, self.memory = self.model.act_step(x, self.memory, reset, active, generator, greedy)
-        return self.model.head.to_env(action)
+        return self.model.head.to_env(action).to(obs.device)
 
     @torch.no_grad()
     def value(self, obs: torch.Tensor) -> torch.Tensor:

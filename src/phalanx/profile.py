@@ -44,8 +44,11 @@ class PhaseTimer:
     def phase(self, name: str) -> contextlib.AbstractContextManager[None]:
         # Inside a captured graph there is no clock to read: a compiled or CUDA-graph rollout step counts
         # as `collect` (and a synchronisation while a CUDA graph records is an error).
-        capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-        return self._timed(name) if self.enabled and not torch.compiler.is_compiling() and not capturing else contextlib.nullcontext()
+        if not self.enabled or torch.compiler.is_compiling():
+            return contextlib.nullcontext()
+        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return contextlib.nullcontext()
+        return self._timed(name)
 
     def reset(self) -> None:
         self.seconds = dict.fromkeys(PHASES, 0.0)
