@@ -404,6 +404,11 @@ def built_trainer(num_envs: int, num_steps: int | None, threads: int | None, dev
             yield trainer
         finally:
             trainer.close()
+            del trainer
+            if torch.cuda.is_available():
+                # The next row's buffer check reads the free memory: hand this row's cached blocks back.
+                gc.collect()
+                torch.cuda.empty_cache()
 
 
 # -- minimal pure-torch PPO (the reference) --------------------------------------------------------
