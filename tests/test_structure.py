@@ -19,7 +19,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # Third-party modules a function may import on use: optional extras, or imports that cost a second
 # and serve one command (TensorBoard writer, progress bar, plots, recordings, the gym/pz adapters).
 LAZY_THIRD_PARTY = ("torch.utils.tensorboard", "rich", "matplotlib", "PIL", "imageio", "gymnasium", "pettingzoo",
-                    "stable_baselines3", "resource", "ctypes")
+                    "stable_baselines3", "resource", "ctypes", "optuna", "ray", "wandb")
 
 
 def _modules() -> dict[str, Path]:

@@ -16,15 +16,17 @@ import yaml
 
 from phalanx import checkpoint as ckpt
 from phalanx import runs
+from phalanx.compare import compare
 from phalanx.config import FIELDS, describe_keys, effective_defaults, load_file, resolve, sources
 from phalanx.envs import make, registered, registry
 from phalanx.envs.check import check_env
-from phalanx.errors import CheckpointError, PhalanxError
+from phalanx.errors import CheckpointError, ConfigError, PhalanxError
 from phalanx.evaluate import evaluate_policy
 from phalanx.league import LEAGUE_FILE, Ratings, load_snapshot
 from phalanx.plot import plot_run, plot_runs
 from phalanx.policy import load
 from phalanx.record import record_episode
+from phalanx.sweep import open_sweep, read_spec, run_sweep
 from phalanx.trainer import train
 
 
@@ -327,6 +329,28 @@ def cmd_envs(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    if args.workers < 1:
+        raise ConfigError(f"--workers must be at least 1; got {args.workers}")
+    spec = read_spec(args.spec) if args.spec else None
+    sw = run_sweep(open_sweep(Path(args.dir), spec), workers=args.workers, backend=args.backend, address=args.address,
+                   echo=lambda line: print(line, flush=True))
+    failed = [t.name for t in sw.trials if t.status != "done"]
+    print(f"sweep {args.dir}: {len(sw.trials) - len(failed)} of {len(sw.trials)} runs finished"
+          + (f"; failed: {', '.join(failed)} (see {args.dir}/logs; run the sweep again to retry)" if failed else "")
+          + f"; `phalanx compare {args.dir}` summarises them")
+    return 1 if failed else 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    result = compare(args.paths, metric=args.metric, out_dir=Path(args.out or "compare"))
+    if args.json:
+        print(json.dumps({k: v for k, v in result.items() if k != "table"}))
+    else:
+        print(result["table"] + f"\nwrote {result['markdown']}, {Path(result['markdown']).with_suffix('.json')} and {result['plot']}")
+    return 0
+
+
 COMMAND_GROUP = "phalanx.commands"
 
 
@@ -384,6 +408,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     pc.add_argument("--steps", type=int, default=64, help="random steps of the full check [64]")
     pc.add_argument("--seed", type=int, default=7)
     pc.add_argument("--device", default="cpu")
+    ps = sub.add_parser("sweep", help="train configurations x seeds in parallel processes (or on Ray); resumable",
+                        epilog="The spec: see `phalanx.sweep` (base, grid | random | optuna, trials, seeds, metric). "
+                               "Run it again with the same --dir to resume: finished runs are kept.")
+    ps.add_argument("spec", nargs="?", help="YAML, TOML or JSON sweep spec (omit to resume the sweep in --dir)")
+    ps.add_argument("--dir", required=True, help="sweep directory (sweep.json, runs/, logs/)")
+    ps.add_argument("--workers", type=int, default=2, help="runs at a time [2]")
+    ps.add_argument("--backend", choices=("local", "ray"), default="local", help="local processes or Ray tasks [local]")
+    ps.add_argument("--address", default=None, help="Ray cluster address [auto]")
+    pm = sub.add_parser("compare", help="mean, IQM and 95%% bootstrap CIs over seeds per configuration; curves with bands")
+    pm.add_argument("paths", nargs="+", help="run directories, sweep directories or folders of runs")
+    pm.add_argument("--metric", default="eval_mean_return",
+                    help="eval_<key> from eval.json (e.g. eval_mean_return), or a metrics.jsonl key (its last value)")
+    pm.add_argument("--out", default=None, help="where compare.md, compare.json and curves.png go [./compare]")
+    pm.add_argument("--json", action="store_true", help="print the JSON instead of the table")
     plugins = plugin_commands()
     for name, ep in plugins.items():
         sub.add_parser(name, help=f"from {ep.value.split(':')[0]} (see `phalanx {name} --help`)", add_help=False)
@@ -414,6 +452,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_envs(args)
         if args.command == "check-env":
             return cmd_check_env(args, extra)
+        if args.command == "sweep":
+            return cmd_sweep(args)
+        if args.command == "compare":
+            return cmd_compare(args)
     except PhalanxError as e:
         print(f"phalanx: error: {e}", file=sys.stderr)
         return 2
