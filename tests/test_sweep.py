@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -141,8 +142,9 @@ def test_the_same_sweep_runs_on_a_local_ray_instance(tmp_path):
         pytest.skip("the ray command is not installed beside this Python")
     port = _free_port()
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Ray's socket paths must stay under 108 bytes
     start = subprocess.run([ray_cli, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
-                            f"--temp-dir={tmp_path / 'ray'}"], capture_output=True, text=True, timeout=180, env=env)
+                            f"--temp-dir={temp}"], capture_output=True, text=True, timeout=180, env=env)
     assert start.returncode == 0, start.stdout + start.stderr
     try:
         spec, d = tmp_path / "spec.yaml", tmp_path / "sweep"
@@ -156,3 +158,4 @@ def test_the_same_sweep_runs_on_a_local_ray_instance(tmp_path):
         assert main(["compare", str(d), "--out", str(tmp_path / "cmp")]) == 0
     finally:
         subprocess.run([ray_cli, "stop", "--force"], capture_output=True, timeout=120, env=env)
+        shutil.rmtree(temp, ignore_errors=True)
