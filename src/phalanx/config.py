@@ -124,6 +124,10 @@ class Config:
     eval_episodes: int = _f(0, "greedy evaluation episodes at the end of training (0: none)", min=0)
     progress: bool = _f(True, "show a live progress bar")
     tensorboard: bool = _f(True, "write TensorBoard event files")
+    wandb: bool = _f(False, "also log every update's metrics to Weights & Biases (the `wandb` extra)")
+    wandb_project: str = _f("phalanx", "W&B project")
+    wandb_mode: str = _f("online", "W&B mode: offline keeps the run on disk (`wandb sync` uploads it later)",
+                         choices=("online", "offline"))
 
     @property
     def batch_size(self) -> int:

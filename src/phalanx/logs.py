@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import json
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
+
+from phalanx.errors import ConfigError
 
 
 class RunLog:
     """metrics.jsonl (one JSON line per update, flushed) and, optionally, TensorBoard events."""
 
-    def __init__(self, run_dir: Path, tensorboard: bool, resume_step: int | None):
+    def __init__(self, run_dir: Path, tensorboard: bool, resume_step: int | None, wandb: dict[str, Any] | None = None):
         self.writer = None
+        self.wandb = open_wandb(run_dir, **wandb) if wandb is not None else None
         if tensorboard:
             # Imported on use: it takes about a second, and runs may switch TensorBoard off.
             from torch.utils.tensorboard import SummaryWriter
@@ -30,11 +34,30 @@ class RunLog:
                 if k in ("step", "update") or v is None:
                     continue
                 self.writer.add_scalar(f"{tensorboard_group(k)}/{k}", v, step)
+        if self.wandb is not None:
+            self.wandb.log({f"{tensorboard_group(k)}/{k}": v for k, v in row.items() if k != "step" and v is not None},
+                           step=row["step"])
 
     def close(self) -> None:
         self.metrics_file.close()
         if self.writer is not None:
             self.writer.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def open_wandb(run_dir: Path, project: str, mode: str, config: dict[str, Any]) -> Any:
+    """A W&B run for this run directory, files under RUN_DIR/wandb; a resumed run continues the same W&B run
+    (its id is kept in RUN_DIR/wandb_id)."""
+    try:
+        import wandb
+    except ImportError:
+        raise ConfigError("config key 'wandb' needs Weights & Biases: pip install 'phalanx[wandb]'") from None
+    id_file = run_dir / "wandb_id"
+    run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:12]
+    id_file.write_text(run_id)
+    return wandb.init(project=project, mode=mode, dir=str(run_dir), id=run_id, resume="allow", name=run_dir.name,
+                      config=config, settings=wandb.Settings(silent=True))
 
 
 def tensorboard_group(key: str) -> str:

@@ -44,7 +44,8 @@ from phalanx.slots import Teammates, opponent_slots, parse_teammates
 
 HISTORY_ROWS = 1_000  # updates kept in memory for RunResult.history
 # Keys that may differ when resuming; everything else must match the saved run.
-RESUME_MUTABLE = {"total_steps", "progress", "tensorboard", "checkpoint_every", "keep_checkpoints", "eval_episodes", "device", "torch_threads", "run_dir"}
+RESUME_MUTABLE = {"total_steps", "progress", "tensorboard", "checkpoint_every", "keep_checkpoints", "eval_episodes", "device", "torch_threads", "run_dir",
+                  "wandb", "wandb_project", "wandb_mode"}
 
 
 @dataclass
@@ -266,7 +267,8 @@ class Trainer:
         """Run until `total_steps` (or `max_updates` more updates, for tests and notebooks)."""
         cfg = self.cfg
         if self.main:
-            self.log = RunLog(self.run_dir, cfg.tensorboard, self.global_step if self.resume else None)
+            self.log = RunLog(self.run_dir, cfg.tensorboard, self.global_step if self.resume else None,
+                              dict(project=cfg.wandb_project, mode=cfg.wandb_mode, config=cfg.to_dict()) if cfg.wandb else None)
         progress = Progress(cfg.total_steps, enabled=cfg.progress and self.main, start=self.global_step)
         done_updates = 0
         last_row: dict[str, Any] = {}

@@ -1,0 +1,41 @@
+"""--wandb true: every update's metrics also go to Weights & Biases (offline here: nothing leaves the machine)."""
+
+import pytest
+
+import phalanx
+from phalanx.errors import ConfigError
+
+
+def test_wandb_offline_run_logs_every_update_and_resume_continues_it(tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    logged: list[tuple[int, set]] = []
+    real_init = wandb.init
+
+    def spying_init(**kwargs):  # the real W&B run, with what Phalanx hands its log() noted
+        run = real_init(**kwargs)
+        real_log = run.log
+
+        def log(data, step=None, **kw):
+            logged.append((step, set(data)))
+            return real_log(data, step=step, **kw)
+
+        run.log = log
+        return run
+
+    monkeypatch.setattr(wandb, "init", spying_init)
+    cfg = dict(env="cartpole", total_steps=4 * 256, num_envs=4, num_steps=64, num_minibatches=2, progress=False,
+               tensorboard=False, eval_episodes=0, wandb=True, wandb_mode="offline", wandb_project="phalanx-test")
+    phalanx.train(run_dir=tmp_path / "r", max_updates=2, **cfg)
+    run_id = (tmp_path / "r" / "wandb_id").read_text()
+    phalanx.train(resume=tmp_path / "r")
+    assert (tmp_path / "r" / "wandb_id").read_text() == run_id  # the resumed run continues the same W&B run
+    assert [step for step, _ in logged] == [256, 512, 768, 1024]
+    assert all({"charts/episode_return", "losses/policy_loss", "charts/sps"} <= keys for _, keys in logged)
+    files = sorted((tmp_path / "r" / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
+    assert len(files) == 2 and all(f.stat().st_size > 1000 for f in files)  # W&B wrote both parts to disk
+
+
+def test_wandb_mode_is_checked(tmp_path):
+    with pytest.raises(ConfigError, match="wandb_mode"):
+        phalanx.train(env="cartpole", wandb=True, wandb_mode="cloud", run_dir=tmp_path / "r")
