@@ -101,6 +101,8 @@ class Rollout:
         self.final_values_whole_batch = self.device.type != "cpu"
         # Sampling draws from `generator` through `draws`, so a captured step can replay them.
         self.draws, self.env_draws = Draws(generator), env.rng
+        # Every source of draws a step makes: sampling, and the env where it draws through Draws.
+        self.all_draws = [d for d in (self.draws, self.env_draws) if d is not None]
         self.info_keys: list[str] = []
         self._captured: Callable | None = None
         self._planned = False
@@ -226,11 +228,11 @@ class Rollout:
             if self._graphed:
                 obs_n, value = self._graph_step(t, obs_n, value, stats)
             elif self._captured is not None and self._planned:
-                with self.draws.ahead(), self.env_draws.ahead() if self.env_draws is not None else contextlib.nullcontext():
+                with self._draw_contexts("ahead"):
                     obs_n, value = self._captured(self._t_index[t], obs_n, value, stats)
             elif self._captured is not None:
                 # The eager step before the first captured one notes what it draws (the plan replayed later).
-                with self.draws.recording(), self.env_draws.recording() if self.env_draws is not None else contextlib.nullcontext():
+                with self._draw_contexts("recording"):
                     obs_n, value = self._step(t, obs_n, value, stats)
                 self._planned = True
             else:
@@ -243,7 +245,7 @@ class Rollout:
     def _draw_contexts(self, mode: str, queues: list[list[torch.Tensor]] | None = None) -> contextlib.ExitStack:
         """The policy's and the env's draws in one mode: 'recording', 'ahead' or 'replaying' (from `queues`)."""
         stack = contextlib.ExitStack()
-        for i, d in enumerate(x for x in (self.draws, self.env_draws) if x is not None):
+        for i, d in enumerate(self.all_draws):
             stack.enter_context(d.replaying(queues[i]) if mode == "replaying" else getattr(d, mode)())
         return stack
 
@@ -271,7 +273,7 @@ class Rollout:
         if value is not io.value:
             io.value.copy_(value)
         self._graph_t.fill_(t)
-        for d, queue in zip((x for x in (self.draws, self.env_draws) if x is not None), self._graph_queues):
+        for d, queue in zip(self.all_draws, self._graph_queues):
             d.refill(queue)
         self._graph.replay()
         return io.obs_n, io.value
@@ -279,7 +281,7 @@ class Rollout:
     def _record_graph(self, step: Callable, obs_n: torch.Tensor, value: torch.Tensor, stats: dict[str, torch.Tensor]) -> None:
         io = self._graph_io = GraphInputs(obs_n.clone(), value.clone())
         self._graph_t = torch.zeros(1, dtype=torch.long, device=self.device)
-        self._graph_queues = [d.buffers() for d in (self.draws, self.env_draws) if d is not None]
+        self._graph_queues = [d.buffers() for d in self.all_draws]
         carried = Carried({"rollout": self, "env": self.env, "io": io, "stats": stats}, skip=(self.model, self.buf))
         graph = torch.cuda.CUDAGraph()
         with self._draw_contexts("replaying", self._graph_queues), torch.cuda.graph(graph):
