@@ -17,9 +17,9 @@ from phalanx.models.registry import MODELS, build_model
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 # Third-party modules a function may import on use: optional extras, or imports that cost a second
-# and serve one command (TensorBoard writer, progress bar, plots, recordings, the gym/pz adapters).
+# and serve one command (TensorBoard writer, progress bar, plots, recordings, the gym/pz/vmas adapters).
 LAZY_THIRD_PARTY = ("torch.utils.tensorboard", "rich", "matplotlib", "PIL", "imageio", "gymnasium", "pettingzoo",
-                    "stable_baselines3", "resource", "ctypes", "optuna", "ray", "wandb")
+                    "stable_baselines3", "resource", "ctypes", "optuna", "ray", "wandb", "vmas")
 
 
 def _modules() -> dict[str, Path]:

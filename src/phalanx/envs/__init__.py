@@ -10,6 +10,7 @@ from phalanx.envs import pendulum as _pendulum  # noqa: F401,E402
 from phalanx.envs import pettingzoo_adapter as _pettingzoo_adapter  # noqa: F401,E402
 from phalanx.envs import pixel_goal as _pixel_goal  # noqa: F401,E402
 from phalanx.envs import trial_nav as _trial_nav  # noqa: F401,E402
+from phalanx.envs import vmas_adapter as _vmas_adapter  # noqa: F401,E402
 from phalanx.envs.base import StepRecord, VecEnv, generator_state, set_generator_state
 from phalanx.envs.check import check_env
 from phalanx.envs.gym_export import to_gymnasium, to_sb3

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import torch
@@ -119,3 +120,11 @@ def same_device(a: torch.device | str, b: torch.device | str) -> bool:
         return True
     current = torch.cuda.current_device() if a.type == "cuda" else 0
     return (current if a.index is None else a.index) == (current if b.index is None else b.index)
+
+
+def roles_from_agent_names(names: list[str], device: torch.device | str) -> tuple[tuple[str, ...], torch.Tensor]:
+    """(role_names, roles [A]) from agent names: a name's role is the name without its `_<number>` suffix
+    (`adversary_0` -> `adversary`), in order of first appearance; a name without a suffix is its own role."""
+    role_of = [re.sub(r"_\d+$", "", str(a)) for a in names]
+    role_names = tuple(dict.fromkeys(role_of))
+    return role_names, torch.tensor([role_names.index(r) for r in role_of], dtype=torch.long, device=device)

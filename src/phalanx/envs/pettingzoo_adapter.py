@@ -11,13 +11,12 @@ pettingzoo (and gymnasium) are imported lazily, inside functions: `import phalan
 from __future__ import annotations
 
 import importlib
-import re
 from typing import Any
 
 import numpy as np
 import torch
 
-from phalanx.envs.base import StepRecord, VecEnv
+from phalanx.envs.base import StepRecord, VecEnv, roles_from_agent_names
 from phalanx.envs.gym_adapter import _map_action_space, _map_obs_space, gym_space_of
 from phalanx.envs.registry import register_prefix
 from phalanx.envs.spaces import Box, Discrete, MultiDiscrete, Space
@@ -244,11 +243,6 @@ def _load_factory(rest: str) -> Any:
     return obj
 
 
-def _role_of(agent: str) -> str:
-    """`adversary_0` -> `adversary`; names without a numeric suffix are their own role."""
-    return re.sub(r"_\d+$", "", str(agent))
-
-
 class PettingZooVecEnv(VecEnv):
     """N copies of a PettingZoo `ParallelEnv` as a phalanx VecEnv with A = len(possible_agents) slots.
 
@@ -293,9 +287,7 @@ class PettingZooVecEnv(VecEnv):
         self._state_space = getattr(first, "state_space", None)  # PettingZoo's optional state API
         if self._state_space is not None:
             self.state_space = Box.uniform(-np.inf, np.inf, (int(np.prod(self._state_space.shape)),))
-        role_of = [_role_of(a) for a in self.agent_names]
-        self.role_names = tuple(dict.fromkeys(role_of))
-        self.roles = torch.tensor([self.role_names.index(r) for r in role_of], dtype=torch.long, device=self.device)
+        self.role_names, self.roles = roles_from_agent_names(self.agent_names, self.device)
         self._pending_seed = seed
         self._obs_shape = tuple(self.observation_space.shape)
         self._obs_dtype = self.observation_space.dtype

@@ -1,6 +1,7 @@
 """Name -> environment factory, with declared options and per-env training defaults.
 
-An env is named in one of four ways: a registered name (`cartpole`); a prefix name (`gym:<id>`,
+An env is named in one of four ways: a registered name (`cartpole`, or `vmas:navigation`: a registered name wins over
+its prefix); a prefix name (`gym:<id>`,
 `pz:<module>:<fn>`); a plugin `package.module:attr`, imported on first use (from the current directory
 too, as `python -m` would), whose `attr` is an `EnvSpec` or a factory; or the name of an entry point in
 the `phalanx.envs` group of an installed package. The run directory keeps the name, so evaluation,
@@ -201,7 +202,7 @@ def make(
     if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
         raise ConfigError(f"num_envs must be a positive integer, got {num_envs!r}")
     device = torch.device(device)
-    if is_prefix_name(name):
+    if name not in _REGISTRY and is_prefix_name(name):  # a registered `prefix:<id>` carries its own settings
         prefix, rest = name.split(":", 1)
         return _PREFIX_FACTORIES[prefix](rest, num_envs=num_envs, device=device, seed=seed, **options)
     s = check_name(name)

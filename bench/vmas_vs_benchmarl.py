@@ -1,0 +1,263 @@
+"""Phalanx MAPPO against BenchMARL MAPPO on VMAS tasks: same task settings, frames, seeds and machine.
+
+    pip install -e '.[benchmarl]'
+    python bench/vmas_vs_benchmarl.py --tasks navigation,balance --seeds 1,2 --frames 360000
+    python bench/vmas_vs_benchmarl.py --device cuda --frames 10000000        # BenchMARL's full budget
+
+Every (library, task, seed) trains in its own process, one after the other, with the same torch thread
+count. BenchMARL runs its tuned VMAS MAPPO (600 worlds x 100 steps a batch, MLP 256x256 tanh, lr 5e-5,
+gamma 0.9, lambda 0.9, 45 passes over 15 minibatches, shared parameters, critic on all observations) on its
+task settings (conf/task/vmas/<task>.yaml). Phalanx runs `--env vmas:<task>` on its own defaults for the
+task (src/phalanx/envs/vmas_adapter.py). Both are evaluated every `--eval-every` frames the way BenchMARL
+evaluates: `--eval-episodes` fresh episodes with deterministic actions, each cut at its first done, the
+reward summed over the episode and averaged over agents and episodes. The clock is training time only:
+BenchMARL's evaluations are subtracted from its wall-clock; Phalanx's policies are evaluated after training
+from checkpoints written at the same frames (each checkpoint's time is read from the run's metrics).
+
+Phalanx trains `--phalanx-frames` (default twice `--frames`) so the table can say when it reaches BenchMARL's
+final return; its return at BenchMARL's frame budget is read from the same run (its learning rate, annealed
+over the longer run, is then still at half: no advantage to Phalanx).
+
+Writes OUT/runs.json (every curve), OUT/table.md and OUT/curves.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+LIBRARIES = ("benchmarl", "phalanx")
+# BenchMARL's tuned on-policy settings for VMAS (its fine_tuned/vmas configuration and paper).
+BATCH_FRAMES, WORLDS, PASSES, MINIBATCH = 60_000, 600, 45, 4_000
+
+
+# ---------------------------------------------------------------------------------------------- one run
+def eval_return(rollout_rewards, dones) -> float:
+    """BenchMARL's evaluation return: per episode, rewards summed up to the first done, averaged over agents;
+    then the mean over episodes. rollout_rewards [E, T, A], dones [E, T] bool."""
+    import torch
+
+    first = torch.where(dones.any(1), dones.float().argmax(1), torch.full((dones.shape[0],), dones.shape[1] - 1))
+    keep = torch.arange(dones.shape[1])[None, :] <= first[:, None]
+    per_episode = (rollout_rewards * keep[..., None]).sum(1).mean(-1)
+    return float(per_episode.mean())
+
+
+try:
+    from benchmarl.experiment.callback import Callback
+except ImportError:  # the phalanx side runs without BenchMARL
+    Callback = object
+
+
+class Recorder(Callback):
+    """BenchMARL's evaluations as (frames, training seconds, return); evaluation time is off the clock."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.curve: list[dict] = []
+        self.start = self.eval_start = self.eval_seconds = 0.0
+
+    def on_setup(self) -> None:
+        self.start = time.perf_counter()
+
+    def on_evaluation_end(self, rollouts) -> None:
+        import torch
+
+        rewards = [r.get(("next", "agents", "reward")).squeeze(-1) for r in rollouts]
+        dones = [r.get(("next", "done")).reshape(r.batch_size[0], -1).any(-1) for r in rollouts]
+        rew = torch.nn.utils.rnn.pad_sequence(rewards, batch_first=True)
+        done = torch.nn.utils.rnn.pad_sequence(dones, batch_first=True, padding_value=True)
+        now = time.perf_counter()
+        self.curve.append({"frames": int(self.experiment.total_frames), "time": self.eval_start - self.start - self.eval_seconds,
+                           "return": eval_return(rew.float().cpu(), done.cpu())})
+        self.eval_seconds += now - self.eval_start
+
+
+def run_benchmarl(task: str, seed: int, frames: int, eval_every: int, episodes: int, device: str, out: Path) -> dict:
+    from benchmarl.algorithms import MappoConfig
+    from benchmarl.environments import VmasTask
+    from benchmarl.experiment import Experiment, ExperimentConfig
+    from benchmarl.models.mlp import MlpConfig
+
+    cfg = ExperimentConfig.get_from_yaml()
+    cfg.sampling_device = cfg.train_device = cfg.buffer_device = device
+    cfg.max_n_frames = frames
+    cfg.gamma, cfg.lr = 0.9, 5e-5
+    cfg.on_policy_collected_frames_per_batch = BATCH_FRAMES
+    cfg.on_policy_n_envs_per_worker = WORLDS
+    cfg.on_policy_n_minibatch_iters = PASSES
+    cfg.on_policy_minibatch_size = MINIBATCH
+    cfg.share_policy_params = True
+    cfg.evaluation, cfg.evaluation_interval, cfg.evaluation_episodes = True, eval_every, episodes
+    cfg.evaluation_deterministic_actions, cfg.render = True, False
+    # No logger: evaluations still run where create_json is on (BenchMARL evaluates only when something records them).
+    cfg.loggers, cfg.create_json, cfg.checkpoint_interval, cfg.checkpoint_at_end = [], True, 0, False
+    cfg.save_folder = str(out)
+    algorithm = MappoConfig.get_from_yaml()  # lambda 0.9, clip 0.2, no entropy bonus, shared critic
+    recorder = Recorder()
+    experiment = Experiment(task=VmasTask[task.upper()].get_from_yaml(), algorithm_config=algorithm,
+                            model_config=MlpConfig.get_from_yaml(), critic_model_config=MlpConfig.get_from_yaml(),
+                            seed=seed, config=cfg, callbacks=[recorder])
+    evaluation = experiment._evaluation_loop
+
+    def timed_evaluation() -> None:
+        recorder.eval_start = time.perf_counter()
+        evaluation()
+
+    experiment._evaluation_loop = timed_evaluation
+    experiment.run()
+    total = time.perf_counter() - recorder.start - recorder.eval_seconds
+    return {"curve": recorder.curve, "train_seconds": total, "frames": int(experiment.total_frames)}
+
+
+def run_phalanx(task: str, seed: int, frames: int, eval_every: int, episodes: int, device: str, out: Path) -> dict:
+    from phalanx import checkpoint as ckpt
+    from phalanx.evaluate import evaluate_policy
+    from phalanx.policy import load
+    from phalanx.trainer import train
+
+    run_dir = out / "run"
+    start = time.time()
+    train({"env": f"vmas:{task}", "seed": seed, "total_steps": frames, "device": device, "run_dir": str(run_dir),
+           "checkpoint_every": eval_every, "keep_checkpoints": 1000, "progress": False, "tensorboard": False})
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    cfg = ckpt.load_run_config(run_dir)
+    curve = []
+    for path in sorted((run_dir / "checkpoints").iterdir()):
+        step = int(path.name.split("_")[-1])
+        at = next(r for r in rows if r["step"] == step)
+        policy = load(run_dir, device=device, checkpoint=path)
+        # BenchMARL's protocol: deterministic actions, `episodes` worlds side by side, each episode to its first done.
+        res = evaluate_policy(policy, cfg.env, cfg.env_options, episodes=episodes, greedy=True, seed=10_000 + seed,
+                              device=device, num_envs=episodes)
+        curve.append({"frames": step, "time": at["time"] - start, "return": res["mean_agent_return"]})
+    return {"curve": curve, "train_seconds": rows[-1]["time"] - start, "frames": rows[-1]["step"]}
+
+
+# ---------------------------------------------------------------------------------------------- report
+def interval(values: list[float]) -> str:
+    if len(values) < 2:
+        return f"{values[0]:.3f}" if values else "-"
+    return f"{statistics.fmean(values):.3f} [{min(values):.3f}, {max(values):.3f}]"
+
+
+def time_to_reach(curve: list[dict], target: float) -> float | None:
+    return next((p["time"] for p in curve if p["return"] >= target), None)
+
+
+def at_frames(curve: list[dict], frames: int) -> dict:
+    return [p for p in curve if p["frames"] <= frames][-1]
+
+
+def report(runs: list[dict], out: Path, tasks: list[str], seeds: list[int], frames: int, device: str) -> str:
+    lines = [f"VMAS MAPPO, BenchMARL {frames:,} frames, seeds {', '.join(map(str, seeds))}, device {device}; "
+             "return: mean episode reward per agent (BenchMARL's evaluation, 200 episodes), mean [min, max] over seeds.", "",
+             f"| task | library | return at {frames:,} frames | train wall-clock to {frames:,} frames (s) | frames/s | "
+             "return at the run's end (frames) | time to BenchMARL's final return |",
+             "|---|---|---|---|---|---|---|"]
+    for task in tasks:
+        by = {lib: [r for r in runs if r["task"] == task and r["library"] == lib] for lib in LIBRARIES}
+        bm_final = statistics.fmean(r["curve"][-1]["return"] for r in by["benchmarl"]) if by["benchmarl"] else None
+        bm_time = statistics.fmean(r["train_seconds"] for r in by["benchmarl"]) if by["benchmarl"] else None
+        for lib in LIBRARIES:
+            rs = by[lib]
+            if not rs:
+                continue
+            same = [at_frames(r["curve"], frames) for r in rs]
+            ends = [r["curve"][-1]["return"] for r in rs]
+            fps = [r["frames"] / r["train_seconds"] for r in rs]
+            reach = "-"
+            if lib == "phalanx" and bm_final is not None:
+                times = [time_to_reach(r["curve"], bm_final) for r in rs]
+                reach = ", ".join("not reached" if t is None else f"{t:.0f} s ({t / bm_time:.2f}x BenchMARL's)" for t in times)
+            lines.append(f"| {task} | {lib} | {interval([p['return'] for p in same])} | {interval([p['time'] for p in same])} | "
+                         f"{statistics.fmean(fps):,.0f} | {interval(ends)} ({rs[0]['frames']:,}) | {reach} |")
+    text = "\n".join(lines) + "\n"
+    (out / "table.md").write_text(text)
+    plot(runs, out / "curves.png", tasks)
+    return text
+
+
+def plot(runs: list[dict], path: Path, tasks: list[str]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, len(tasks), figsize=(5 * len(tasks), 7), squeeze=False)
+    colors = {"benchmarl": "tab:orange", "phalanx": "tab:blue"}
+    for col, task in enumerate(tasks):
+        for row, (x, label) in enumerate((("frames", "frames"), ("time", "training wall-clock (s)"))):
+            ax = axes[row][col]
+            for r in runs:
+                if r["task"] != task:
+                    continue
+                ax.plot([p[x] for p in r["curve"]], [p["return"] for p in r["curve"]], color=colors[r["library"]],
+                        alpha=0.8, label=f"{r['library']} seed {r['seed']}", marker="o", markersize=3)
+            ax.set_xlabel(label)
+            ax.set_ylabel("eval return per agent")
+            ax.set_title(f"vmas {task}")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tasks", default="navigation,balance")
+    p.add_argument("--seeds", default="1,2")
+    p.add_argument("--libraries", default=",".join(LIBRARIES))
+    p.add_argument("--frames", type=int, default=360_000, help="frames per BenchMARL run (a multiple of 60,000)")
+    p.add_argument("--phalanx-frames", type=int, default=0, help="frames per Phalanx run (0: twice --frames)")
+    p.add_argument("--eval-every", type=int, default=120_000, help="frames between evaluations (a multiple of 60,000)")
+    p.add_argument("--eval-episodes", type=int, default=200)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=2, help="torch threads of every run")
+    p.add_argument("--out", default="bench/results/vmas_vs_benchmarl")
+    p.add_argument("--one", nargs=3, metavar=("LIBRARY", "TASK", "SEED"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    if args.one:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        lib, task, seed = args.one[0], args.one[1], int(args.one[2])
+        where = out / f"{lib}-{task}-{seed}"
+        where.mkdir(parents=True, exist_ok=True)
+        fn = run_benchmarl if lib == "benchmarl" else run_phalanx
+        frames = args.phalanx_frames if lib == "phalanx" else args.frames
+        result = fn(task, seed, frames, args.eval_every, args.eval_episodes, args.device, where)
+        (where / "result.json").write_text(json.dumps({"library": lib, "task": task, "seed": seed, **result}, indent=1))
+        return 0
+    args.phalanx_frames = args.phalanx_frames or 2 * args.frames
+    for value, name in ((args.frames, "--frames"), (args.phalanx_frames, "--phalanx-frames"), (args.eval_every, "--eval-every")):
+        if value % BATCH_FRAMES:
+            p.error(f"{name} must be a multiple of {BATCH_FRAMES:,} (one batch); got {value:,}")
+    tasks, seeds = args.tasks.split(","), [int(s) for s in args.seeds.split(",")]
+    runs = []
+    for task in tasks:
+        for seed in seeds:
+            for lib in args.libraries.split(","):
+                result = out / f"{lib}-{task}-{seed}" / "result.json"
+                if not result.exists():
+                    print(f"{lib} {task} seed {seed} ...", flush=True)
+                    cmd = [sys.executable, __file__, "--one", lib, task, str(seed), "--frames", str(args.frames), "--phalanx-frames", str(args.phalanx_frames),
+                           "--eval-every", str(args.eval_every), "--eval-episodes", str(args.eval_episodes),
+                           "--device", args.device, "--threads", str(args.threads), "--out", str(out)]
+                    subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
+                runs.append(json.loads(result.read_text()))
+    (out / "runs.json").write_text(json.dumps(runs, indent=1))
+    print(report(runs, out, tasks, seeds, args.frames, args.device))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""`vmas:<scenario>`: VMAS worlds as a phalanx env (issue: VMAS on the device, head-to-head with BenchMARL)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("vmas")
+
+from phalanx.envs import check_env, make  # noqa: E402
+from phalanx.errors import ConfigError  # noqa: E402
+
+
+def _toward_goals(env) -> torch.Tensor:
+    """Each navigation agent's action straight at its own goal (VMAS's world state; a scripted driver)."""
+    acts = [(a.goal.state.pos - a.state.pos) * 4 for a in env.vmas.agents]
+    return torch.stack(acts, 1).clamp(-1, 1)
+
+
+def test_navigation_meets_the_env_contract():
+    env = make("vmas:navigation", num_envs=4, seed=3)
+    env.reset(seed=1)
+    check_env(env)
+    # BenchMARL's task settings: three agents, each its own 18-feature observation and 2-d force.
+    assert (env.num_agents, env.observation_space.shape, env.action_space.shape) == (3, (18,), (2,))
+    assert env.state_space.shape == (54,)
+
+
+def test_discrete_actions_meet_the_env_contract():
+    env = make("vmas:navigation", num_envs=3, seed=0, continuous_actions=False)
+    env.reset(seed=2)
+    check_env(env)
+    assert env.action_space.n == 9  # VMAS's 3 x 3 grid of forces as one discrete action
+
+
+def test_time_limit_is_truncation_not_termination():
+    env = make("vmas:navigation", num_envs=6, seed=0, max_steps=5)
+    rec = env.reset(seed=4)
+    still = torch.zeros(6, 3, 2)
+    for t in range(1, 6):
+        before = rec.obs
+        rec = env.step(still)
+        assert not rec.terminated.any(), t
+        if t < 5:
+            assert not rec.truncated.any(), t
+            assert torch.equal(rec.final_obs, rec.obs)
+    assert rec.truncated.all()
+    # The last observation of the finished episode is kept; the returned one starts the next episode.
+    assert not torch.equal(rec.final_obs, rec.obs)
+    assert torch.allclose(rec.final_obs[..., :2], before[..., :2], atol=1e-6)  # standing still: same position
+    assert torch.equal(rec.final_state, rec.final_obs.reshape(6, -1))
+    rec = env.step(still)
+    assert not (rec.truncated.any() or rec.terminated.any())  # the step counter restarted with the episode
+
+
+def test_terminated_worlds_reset_alone_and_keep_their_last_observation():
+    env = make("vmas:navigation", num_envs=8, seed=0, max_steps=400, collisions=False)
+    rec = env.reset(seed=7)
+    partial = False
+    for _ in range(400):
+        rec = env.step(_toward_goals(env))
+        ended = rec.terminated[:, 0]
+        assert torch.equal(rec.terminated, ended[:, None].expand(8, 3))  # a world's agents end together
+        assert not (rec.truncated & rec.terminated).any()
+        if ended.any() and not ended.all():
+            partial = True
+            # Worlds that reached their goals start anew; the others carry on with what the step returned.
+            assert torch.equal(rec.obs[~ended], rec.final_obs[~ended])
+            assert not torch.equal(rec.obs[ended], rec.final_obs[ended])
+            # Every agent of a finished world stood on its goal (VMAS's relative goal position, features 4:6).
+            assert (rec.final_obs[ended][..., 4:6].norm(dim=-1) < 0.1).all()
+            break
+    assert partial, "no world finished before the others: the scripted driver never separated them"
+
+
+def test_state_concatenates_every_agents_observation():
+    env = make("vmas:balance", num_envs=3, seed=0)
+    rec = env.step(torch.zeros(3, 4, 2))
+    assert env.num_agents == 4
+    assert torch.equal(rec.state, rec.obs.reshape(3, -1))
+
+
+def test_different_observation_sizes_are_zero_padded_and_roles_come_from_names():
+    env = make("vmas:simple_tag", num_envs=2, seed=0)
+    rec = env.reset(seed=0)
+    assert env.role_names == ("adversary", "agent")
+    assert env.roles.tolist() == [0, 0, 0, 1]
+    raw = env.vmas.get_from_scenario(get_observations=True, get_rewards=False, get_infos=False, get_dones=False)[0]
+    width = env.observation_space.shape[0]
+    for j, o in enumerate(raw):
+        k = o.shape[-1]
+        assert torch.equal(rec.obs[:, j, :k], o)
+        assert (rec.obs[:, j, k:] == 0).all() and k <= width
+    assert raw[-1].shape[-1] < width  # the prey sees less than the predators
+
+
+def test_bad_names_and_options_are_one_line_config_errors():
+    with pytest.raises(ConfigError, match="unknown VMAS scenario 'navigatoin'; allowed: .*navigation"):
+        make("vmas:navigatoin", num_envs=2)
+    with pytest.raises(ConfigError, match="passed but not used by the scenario"):
+        make("vmas:navigation", num_envs=2, n_agnets=3)
+    with pytest.raises(ConfigError, match="env option 'max_steps' of 'vmas:navigation' must be a positive int"):
+        make("vmas:navigation", num_envs=2, max_steps=0)
+
+
+def test_render_draws_a_frame():
+    env = make("vmas:navigation", num_envs=2, seed=0)
+    env.reset(seed=0)
+    try:
+        frame = env.render(1)
+    except Exception as e:  # no OpenGL here: the one-line refusal is what a user sees
+        assert "cannot render here" in str(e) and "\n" not in str(e)
+        pytest.skip(f"VMAS cannot render on this machine: {e}")
+    assert frame.dtype == torch.uint8 and frame.ndim == 3 and frame.shape[-1] == 3
+    assert frame.float().std() > 0
+    env.close()
+
+
+def test_short_training_run_on_navigation(tmp_path):
+    run = tmp_path / "nav"
+    cmd = [sys.executable, "-m", "phalanx", "train", "--env", "vmas:navigation", "--num-envs", "8", "--num-steps", "16",
+           "--total-steps", "512", "--hidden-sizes", "32,32", "--num-epochs", "2", "--num-minibatches", "2",
+           "--run-dir", str(run), "--progress", "false", "--tensorboard", "false", "--max-steps", "10"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["step"] == 512 and rows[-1]["episodes"] > 0
+    assert abs(rows[-1]["episode_length"] - 10) < 1e-6  # every episode ran to the time limit
+    config = json.loads((run / "config.json").read_text())
+    # The task's own training defaults (MAPPO critic, BenchMARL's discounting) under the command line's keys.
+    assert (config["critic"], config["gamma"], config["gae_lambda"]) == ("mappo", 0.9, 0.9)
+    assert config["env_options"] == {"max_steps": 10}
+    gif = tmp_path / "nav.gif"
+    ev = subprocess.run([sys.executable, "-m", "phalanx", "eval", str(run), "--episodes", "4", "--record", str(gif)],
+                        capture_output=True, text=True, timeout=300)
+    if ev.returncode == 2 and "cannot render here" in ev.stderr:  # VMAS's renderer needs OpenGL
+        assert len(ev.stderr.strip().splitlines()) == 1
+        ev = subprocess.run([sys.executable, "-m", "phalanx", "eval", str(run), "--episodes", "4"], capture_output=True,
+                            text=True, timeout=300)
+    else:
+        assert gif.stat().st_size > 0
+    assert ev.returncode == 0, ev.stderr[-2000:]
+
+
+def test_unknown_scenario_from_the_command_line_exits_2_with_one_line(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "phalanx", "train", "--env", "vmas:nope", "--run-dir", str(tmp_path / "r"),
+                          "--progress", "false"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert len(out.stderr.strip().splitlines()) == 1 and "unknown VMAS scenario 'nope'" in out.stderr
+    assert not (tmp_path / "r").exists()
