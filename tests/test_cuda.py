@@ -29,6 +29,15 @@ def test_env_on_cuda_meets_the_contract(name):
         env.close()
 
 
+def test_vmas_worlds_live_on_cuda():
+    pytest.importorskip("vmas")
+    env = make("vmas:navigation", num_envs=8, device="cuda", seed=0)
+    rec = env.step(torch.zeros(8, 3, 2, device="cuda"))
+    assert {rec.obs.device.type, rec.state.device.type, rec.reward.device.type, rec.truncated.device.type} == {"cuda"}
+    env.reset(seed=1)
+    check_env(env)
+
+
 def _trainer(tmp_path, name: str, tag: str, **extra) -> Trainer:
     cfg = dict(WORKLOADS[name], device="cuda", num_envs=32, num_steps=16, num_epochs=2, num_minibatches=4,
                progress=False, tensorboard=False, seed=3, run_dir=str(tmp_path / tag), **extra)
