@@ -13,6 +13,9 @@ pytest.importorskip("vmas")
 
 from phalanx.envs import check_env, make  # noqa: E402
 from phalanx.errors import ConfigError  # noqa: E402
+from phalanx.evaluate import evaluate_policy  # noqa: E402
+from phalanx.policy import load  # noqa: E402
+from phalanx.trainer import train  # noqa: E402
 
 
 def _toward_goals(env) -> torch.Tensor:
@@ -152,3 +155,14 @@ def test_unknown_scenario_from_the_command_line_exits_2_with_one_line(tmp_path):
     assert out.returncode == 2
     assert len(out.stderr.strip().splitlines()) == 1 and "unknown VMAS scenario 'nope'" in out.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_mappo_learns_navigation_far_beyond_random_play(tmp_path):
+    # 80k frames (about 12 s on 2 cores). Measured greedy per-agent returns over 100 episodes: seeds 1-3
+    # 0.85, 0.65, 0.85 against random play's -0.51; the margin asked here is 0.8.
+    run = tmp_path / "nav"
+    train({"env": "vmas:navigation", "num_envs": 100, "num_steps": 100, "total_steps": 80_000, "hidden_sizes": [64, 64],
+           "num_minibatches": 4, "seed": 1, "run_dir": str(run), "progress": False, "tensorboard": False, "device": "cpu"})
+    learned = evaluate_policy(load(run), "vmas:navigation", episodes=100, seed=5)["mean_agent_return"]
+    random_play = evaluate_policy(None, "vmas:navigation", episodes=100, seed=5)["mean_agent_return"]
+    assert learned > random_play + 0.8, (learned, random_play)
