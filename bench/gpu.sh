@@ -3,11 +3,15 @@
 # project (no dependencies fetched; wheels it lacks come from WHEELS, default .whl/), then runs the
 # stages named on the command line and writes every log and figure to RESULTS (default gpu-results/).
 #
-#   bench/gpu.sh setup tests suite solve       # stages: setup info tests graphs suite cartpole solve bucket bucket_eager
+#   bench/gpu.sh setup tests suite solve       # stages: setup info tests graphs suite cartpole solve bucket bucket_eager vmas
 #
 # Wheels to carry for a machine that has torch but not the rest (from a machine with pip access):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 -d .whl \
 #       openskill gymnasium farama-notifications pettingzoo mpe2 pygame-ce stable-baselines3
+# and for the vmas stage (vmas, gym and antlr4 ship no wheels: build them with `pip wheel --no-deps -w .whl`;
+# torchrl's and tensordict's wheels must be the builds for the machine's torch):
+#       vmas gym gym-notices pyglet==1.5.27 six benchmarl torchrl tensordict hydra-core omegaconf
+#       antlr4-python3-runtime==4.9.3 pyvers orjson cloudpickle
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RESULTS=${RESULTS:-${OUT:-gpu-results}}
@@ -80,6 +84,12 @@ stage_solve() {  # cartpole to greedy 475: its default config, eager and with CU
 
 stage_solve_graphs() {
     solve cartpole_graphs --env cartpole --seed 1 --cuda-graphs true
+}
+
+stage_vmas() {  # Phalanx against BenchMARL MAPPO on VMAS (BenchMARL's 10M frames, which its collector rounds up to 167 batches)
+    $PY bench/vmas_vs_benchmarl.py --device cuda --tasks "${VMAS_TASKS:-navigation,balance}" --seeds "${VMAS_SEEDS:-1,2}" \
+        --frames "${VMAS_FRAMES:-10020000}" --eval-every "${VMAS_EVAL:-1200000}" --out "$RESULTS/vmas_vs_benchmarl" \
+        2>&1 | grep -v "it/s" | tail -n 30 | tee "$RESULTS/vmas.log"
 }
 
 stage_bucket() {  # bucket_brigade above the best archetype team (hero 880.57 at seed 1 on CPU)

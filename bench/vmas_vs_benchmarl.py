@@ -2,7 +2,7 @@
 
     pip install -e '.[benchmarl]'
     python bench/vmas_vs_benchmarl.py --tasks navigation,balance --seeds 1,2 --frames 360000
-    python bench/vmas_vs_benchmarl.py --device cuda --frames 10000000        # BenchMARL's full budget
+    python bench/vmas_vs_benchmarl.py --device cuda --frames 10020000        # BenchMARL's 10M (167 batches)
 
 Every (library, task, seed) trains in its own process, one after the other, with the same torch thread
 count. BenchMARL runs its tuned VMAS MAPPO (600 worlds x 100 steps a batch, MLP 256x256 tanh, lr 5e-5,
