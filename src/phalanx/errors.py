@@ -23,3 +23,10 @@ class NonFiniteLossError(PhalanxError):
 
 class NonFiniteEnvError(PhalanxError):
     """An environment returned NaN or infinite observations, states or rewards."""
+
+
+def one_line(e: BaseException) -> str:
+    """`Type: first line of the message` — how a foreign exception (a user's env, a plugin, a library)
+    enters a one-line error."""
+    text = str(e)
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"

@@ -64,7 +64,7 @@ from phalanx import runs
 from phalanx.config import resolve
 from phalanx.envs import make, registered, registry
 from phalanx.envs.bucket_brigade import SCENARIOS
-from phalanx.errors import ConfigError, PhalanxError
+from phalanx.errors import ConfigError, PhalanxError, one_line
 from phalanx.evaluate import random_actions
 from phalanx.trainer import Trainer
 from phalanx_bench.reference import ReferencePPO
@@ -872,7 +872,7 @@ def _mode_row(name: str, num_envs: int, mode: str, args: argparse.Namespace, dev
     except ConfigError as e:
         return {"train": None, "peak_memory": None, "note": f"n/a: {e}"}
     except Exception as e:  # noqa: BLE001 - one failing variant must not end the suite
-        return {"train": None, "peak_memory": None, "note": f"failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+        return {"train": None, "peak_memory": None, "note": f"failed: {one_line(e)}"}
     return {"train": train, "peak_memory": mem.result, "note": None}
 
 

@@ -16,7 +16,7 @@ import torch
 from phalanx.draws import Draws
 from phalanx.envs.base import StepRecord, VecEnv, same_device
 from phalanx.envs.spaces import ActionError, Box, Discrete, MultiDiscrete
-from phalanx.errors import EnvContractError
+from phalanx.errors import EnvContractError, one_line
 
 BOOL_FIELDS = ("terminated", "truncated", "active", "trial_end")
 
@@ -123,8 +123,7 @@ def _guarded(env: VecEnv, what: str, fn: Callable[[], object]) -> object:
     except EnvContractError:
         raise
     except Exception as e:  # the env's own code failed: one line, never a traceback
-        msg = str(e).splitlines()[0] if str(e) else ""
-        raise _fail(env, f"{what} raised {type(e).__name__}: {msg}") from None
+        raise _fail(env, f"{what} raised {one_line(e)}") from None
 
 
 def _records_equal(a: StepRecord, b: StepRecord) -> str | None:

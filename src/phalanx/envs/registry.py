@@ -24,7 +24,7 @@ import torch
 
 from phalanx.coerce import coerce
 from phalanx.envs.base import VecEnv
-from phalanx.errors import ConfigError, PhalanxError
+from phalanx.errors import ConfigError, PhalanxError, one_line
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ def _plugin(name: str) -> EnvSpec | None:
             return None  # no such module: an unknown env
         raise ConfigError(f"env plugin '{name}' failed to import: {type(e).__name__}: {e}") from None
     except Exception as e:  # the user's module raised: one line, never a traceback
-        raise ConfigError(f"env plugin '{name}' failed to import: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+        raise ConfigError(f"env plugin '{name}' failed to import: {one_line(e)}") from None
     if not hasattr(mod, attr):
         raise ConfigError(f"env plugin '{name}': module '{module}' has no attribute '{attr}'")
     root = None
@@ -212,7 +212,7 @@ def make(
     except PhalanxError:
         raise
     except Exception as e:  # a user's factory failed: one line naming it, never a traceback
-        raise ConfigError(f"env '{name}': its factory raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+        raise ConfigError(f"env '{name}': its factory raised {one_line(e)}") from None
     if not isinstance(env, VecEnv):
         raise ConfigError(f"env '{name}': its factory returned a {type(env).__name__}, not a phalanx.envs.VecEnv")
     return env

@@ -21,7 +21,7 @@ import torch
 from phalanx.envs.base import StepRecord, VecEnv, roles_from_agent_names
 from phalanx.envs.registry import EnvSpec, register, register_prefix
 from phalanx.envs.spaces import Box, Discrete, Space
-from phalanx.errors import ConfigError, PhalanxError
+from phalanx.errors import ConfigError, PhalanxError, one_line
 
 # BenchMARL's horizon for every VMAS task (its conf/task/vmas/*.yaml); VMAS's own default is no limit.
 DEFAULT_MAX_STEPS = 100
@@ -91,8 +91,7 @@ class VmasVecEnv(VecEnv):
             except PhalanxError:
                 raise
             except Exception as e:  # a scenario refusing its options: one line, never a traceback
-                raise ConfigError(f"env '{self.name}' rejected options {scenario_options}: {type(e).__name__}: "
-                                  f"{str(e).splitlines()[0] if str(e) else ''}") from None
+                raise ConfigError(f"env '{self.name}' rejected options {scenario_options}: {one_line(e)}") from None
         unused = [str(w.message) for w in caught if "not used by the scenario" in str(w.message)]
         if unused:
             raise ConfigError(f"env '{self.name}': {unused[0].split(' This will')[0]}")
@@ -100,8 +99,7 @@ class VmasVecEnv(VecEnv):
         self.num_agents = len(agents)
         self.role_names, self.roles = roles_from_agent_names([a.name for a in agents], self.device)
         self.action_space = self._plan_actions(continuous_actions)
-        first = self.vmas.reset(seed=seed)
-        sizes = [_flat(o, num_envs).shape[-1] for o in first]
+        sizes = [_flat(o, num_envs).shape[-1] for o in self._observe()]  # make_env has reset the worlds
         self._width = max(sizes)
         self._uniform = all(s == self._width for s in sizes)
         self.observation_space = Box.uniform(float("-inf"), float("inf"), (self._width,))
@@ -121,6 +119,10 @@ class VmasVecEnv(VecEnv):
         if len(set(counts)) == 1:
             return Discrete(counts[0])
         return Discrete(max(counts), slot_n=counts)
+
+    def _observe(self) -> list[Any]:
+        """Every agent's current observation, as VMAS lists them."""
+        return self.vmas.get_from_scenario(get_observations=True, get_rewards=False, get_infos=False, get_dones=False)[0]
 
     def _obs(self, per_agent: list[Any]) -> torch.Tensor:
         n = self.num_envs
@@ -161,8 +163,7 @@ class VmasVecEnv(VecEnv):
             else:
                 for i in finished.tolist():
                     self.vmas.reset_at(i, return_observations=False)
-            fresh = self._obs(self.vmas.get_from_scenario(get_observations=True, get_rewards=False, get_infos=False,
-                                                          get_dones=False)[0])
+            fresh = self._obs(self._observe())
             obs = torch.where(done[:, None, None], fresh, final_obs)
         return StepRecord(
             obs=obs,
@@ -187,14 +188,12 @@ class VmasVecEnv(VecEnv):
         try:
             frame = self.vmas.render(mode="rgb_array", env_index=env_index, visualize_when_rgb=False)
         except Exception as e:  # no OpenGL / display here: one line
-            raise PhalanxError(f"env '{self.name}' cannot render here (VMAS's renderer needs pyglet and OpenGL): "
-                               f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+            raise PhalanxError(f"env '{self.name}' cannot render here (VMAS's renderer needs pyglet and OpenGL): {one_line(e)}") from None
         return torch.as_tensor(frame.copy(), dtype=torch.uint8)
 
     def close(self) -> None:
-        viewer = getattr(self.vmas, "viewer", None)
-        if viewer is not None:
-            viewer.close()
+        if self.vmas.viewer is not None:  # made by the first render
+            self.vmas.viewer.close()
 
 
 def _make_vmas(scenario: str, num_envs: int = 1, device: torch.device | str = "cpu", seed: int | None = 0,
