@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("vmas")
 
-from phalanx.envs import check_env, make  # noqa: E402
+from phalanx.envs import check_env, make, registry  # noqa: E402
 from phalanx.errors import ConfigError  # noqa: E402
 from phalanx.evaluate import evaluate_policy  # noqa: E402
 from phalanx.policy import load  # noqa: E402
@@ -166,3 +166,12 @@ def test_mappo_learns_navigation_far_beyond_random_play(tmp_path):
     learned = evaluate_policy(load(run), "vmas:navigation", episodes=100, seed=5)["mean_agent_return"]
     random_play = evaluate_policy(None, "vmas:navigation", episodes=100, seed=5)["mean_agent_return"]
     assert learned > random_play + 0.8, (learned, random_play)
+
+
+def test_unknown_env_error_lists_forms_not_every_loaded_name():
+    # The unknown-env line once listed every plugin loaded so far and each registered `vmas:` task, and grew
+    # past 400 characters in a long test session (test_faults' config fuzzing caught it).
+    make("vmas:balance", num_envs=1).close()
+    names = registry.known_names()
+    assert "vmas:<id>" in names and "package.module:factory" in names
+    assert not any(":" in n and not n.endswith((":<id>", ":factory")) for n in names), names

@@ -87,7 +87,9 @@ def is_prefix_name(name: str) -> bool:
 def known_names() -> list[str]:
     """What an unknown-env error lists."""
     points = sorted(ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
-    return sorted(_REGISTRY) + points + [f"{p}:<id>" for p in sorted(_PREFIX_FACTORIES)] + ["package.module:factory"]
+    # Plugins loaded so far and registered `prefix:<id>` names are covered by the last two forms.
+    plain = sorted(n for n in _REGISTRY if ":" not in n)
+    return plain + points + [f"{p}:<id>" for p in sorted(_PREFIX_FACTORIES)] + ["package.module:factory"]
 
 
 def check_name(name: str) -> EnvSpec | None:
