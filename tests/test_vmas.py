@@ -11,6 +11,7 @@ import torch
 
 pytest.importorskip("vmas")
 
+from phalanx.cli import main  # noqa: E402
 from phalanx.envs import check_env, make, registry  # noqa: E402
 from phalanx.errors import ConfigError  # noqa: E402
 from phalanx.evaluate import evaluate_policy  # noqa: E402
@@ -175,3 +176,13 @@ def test_unknown_env_error_lists_forms_not_every_loaded_name():
     names = registry.known_names()
     assert "vmas:<id>" in names and "package.module:factory" in names
     assert not any(":" in n and not n.endswith((":<id>", ":factory")) for n in names), names
+
+
+def test_envs_lists_the_vmas_tasks_without_vmas_installed(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "vmas", None)  # `import vmas` raises ImportError
+    with pytest.raises(ConfigError, match=r"needs vmas; install it with `pip install 'phalanx\[vmas\]'`"):
+        make("vmas:navigation", num_envs=1)
+    assert main(["envs"]) == 0
+    out = capsys.readouterr().out
+    assert "vmas:navigation: VMAS navigation" in out and "unavailable here: env 'vmas:navigation' needs vmas" in out
+    assert "cartpole:" in out and "vmas:<scenario>" in out

@@ -20,7 +20,7 @@ from phalanx.compare import compare
 from phalanx.config import FIELDS, describe_keys, effective_defaults, load_file, resolve, sources
 from phalanx.envs import make, registered, registry
 from phalanx.envs.check import check_env
-from phalanx.errors import CheckpointError, ConfigError, PhalanxError
+from phalanx.errors import CheckpointError, ConfigError, MissingExtraError, PhalanxError
 from phalanx.evaluate import evaluate_policy
 from phalanx.league import LEAGUE_FILE, Ratings, load_snapshot
 from phalanx.plot import plot_run, plot_runs
@@ -302,7 +302,11 @@ def cmd_envs(args: argparse.Namespace) -> int:
     for ep in entry_points(group=registry.ENTRY_POINT_GROUP):  # installed plugins are listed too
         registry.spec(ep.name)
     for name, s in sorted(registered().items()):
-        env = make(name, num_envs=1)
+        try:
+            env = make(name, num_envs=1)
+        except MissingExtraError as e:  # listed all the same, with what it needs
+            rows.append({"name": name, "description": s.description, "unavailable": str(e)})
+            continue
         rows.append({
             "name": name, "description": s.description, "agents": env.num_agents, "scripted": list(env.scripted_names),
             "roles": list(env.role_names), "state": env.state_space.describe() if env.state_space is not None else None,
@@ -315,6 +319,9 @@ def cmd_envs(args: argparse.Namespace) -> int:
         return 0
     for r in rows:
         print(f"{r['name']}: {r['description']}")
+        if "unavailable" in r:
+            print(f"  unavailable here: {r['unavailable']}")
+            continue
         print(f"  agents {r['agents']}  observation {r['observation']}  action {r['action']}")
         if r["state"]:
             print(f"  global state {r['state']}  roles {', '.join(r['roles'])}")
@@ -325,6 +332,7 @@ def cmd_envs(args: argparse.Namespace) -> int:
             print(f"  --{k.replace('_', '-')} [{o['default']}]: {o['help']}{ch}")
     print("gym:<id>: any installed gymnasium environment through its vector API (slow path)")
     print("pz:<module>:<factory>: any PettingZoo ParallelEnv (slow path)")
+    print("vmas:<scenario>: any VMAS scenario on the run's device; scenario options as --option value (vmas extra)")
     print("package.module:factory: your own env, imported on use (docs/ENVIRONMENTS.md; check it with `phalanx check-env`)")
     return 0
 

@@ -9,6 +9,10 @@ class ConfigError(PhalanxError):
     """A config key, type or value is not allowed."""
 
 
+class MissingExtraError(ConfigError):
+    """What was asked for needs an optional dependency (an extra) that is not installed."""
+
+
 class EnvContractError(ConfigError):
     """An environment breaks the env contract (docs/ENVIRONMENTS.md); `phalanx check-env` lists the rules."""
 

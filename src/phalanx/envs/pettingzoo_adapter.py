@@ -20,14 +20,14 @@ from phalanx.envs.base import StepRecord, VecEnv, roles_from_agent_names
 from phalanx.envs.gym_adapter import _map_action_space, _map_obs_space, gym_space_of
 from phalanx.envs.registry import register_prefix
 from phalanx.envs.spaces import Box, Discrete, MultiDiscrete, Space
-from phalanx.errors import ConfigError
+from phalanx.errors import ConfigError, MissingExtraError
 
 
 def _require_pettingzoo(what: str) -> Any:
     try:
         import pettingzoo
     except ImportError:
-        raise ConfigError(f"{what} needs pettingzoo; install it with `pip install pettingzoo`") from None
+        raise MissingExtraError(f"{what} needs pettingzoo; install it with `pip install pettingzoo`") from None
     return pettingzoo
 
 

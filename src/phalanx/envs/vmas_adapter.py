@@ -21,7 +21,7 @@ import torch
 from phalanx.envs.base import StepRecord, VecEnv, roles_from_agent_names
 from phalanx.envs.registry import EnvSpec, register, register_prefix
 from phalanx.envs.spaces import Box, Discrete, Space
-from phalanx.errors import ConfigError, PhalanxError, one_line
+from phalanx.errors import ConfigError, MissingExtraError, PhalanxError, one_line
 
 # BenchMARL's horizon for every VMAS task (its conf/task/vmas/*.yaml); VMAS's own default is no limit.
 DEFAULT_MAX_STEPS = 100
@@ -31,7 +31,7 @@ def _require_vmas(what: str) -> Any:
     try:
         import vmas
     except ImportError:
-        raise ConfigError(f"{what} needs vmas; install it with `pip install 'phalanx[vmas]'`") from None
+        raise MissingExtraError(f"{what} needs vmas; install it with `pip install 'phalanx[vmas]'`") from None
     return vmas
 
 
