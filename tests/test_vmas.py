@@ -148,6 +148,11 @@ def test_short_training_run_on_navigation(tmp_path):
     else:
         assert gif.stat().st_size > 0
     assert ev.returncode == 0, ev.stderr[-2000:]
+    # VMAS worlds cannot be saved: a resumed run goes on from fresh episodes.
+    res = subprocess.run([sys.executable, "-m", "phalanx", "train", "--resume", str(run), "--total-steps", "768", "--progress",
+                          "false"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 768
 
 
 def test_unknown_scenario_from_the_command_line_exits_2_with_one_line(tmp_path):
