@@ -323,8 +323,7 @@ class PettingZooVecEnv(VecEnv):
         if all(sp == spaces[0] for sp in spaces[1:]):
             return _map_action_space(spaces[0], self.name)
         if all(isinstance(sp, gs.Discrete) for sp in spaces):
-            counts = tuple(int(sp.n) for sp in spaces)
-            return Discrete(max(counts), slot_n=counts)
+            return Discrete.per_slot(tuple(int(sp.n) for sp in spaces))
         ref = self.agent_names[0]
         differ = [a for a in self.agent_names[1:] if self._act_spaces[a] != spaces[0]]
         raise ConfigError(

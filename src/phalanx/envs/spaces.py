@@ -52,6 +52,13 @@ class Discrete:
     def shape(self) -> tuple[int, ...]:
         return ()
 
+    @staticmethod
+    def per_slot(counts: tuple[int, ...]) -> Discrete:
+        """The space of slots with `counts[j]` actions each: plain `Discrete(n)` where they agree."""
+        if len(set(counts)) == 1:
+            return Discrete(counts[0])
+        return Discrete(max(counts), slot_n=tuple(counts))
+
     def describe(self) -> str:
         return f"Discrete({self.n}, per slot {list(self.slot_n)})" if self.slot_n else f"Discrete({self.n})"
 

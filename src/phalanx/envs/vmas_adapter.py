@@ -115,10 +115,7 @@ class VmasVecEnv(VecEnv):
             low = torch.stack([torch.as_tensor(s.low, dtype=torch.float32) for s in spaces]).amin(0)
             high = torch.stack([torch.as_tensor(s.high, dtype=torch.float32) for s in spaces]).amax(0)
             return Box(tuple(low.tolist()), tuple(high.tolist()), tuple(spaces[0].shape))
-        counts = tuple(int(s.n) for s in spaces)
-        if len(set(counts)) == 1:
-            return Discrete(counts[0])
-        return Discrete(max(counts), slot_n=counts)
+        return Discrete.per_slot(tuple(int(s.n) for s in spaces))
 
     def _observe(self) -> list[Any]:
         """Every agent's current observation, as VMAS lists them."""
