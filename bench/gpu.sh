@@ -3,7 +3,7 @@
 # project (no dependencies fetched; wheels it lacks come from WHEELS, default .whl/), then runs the
 # stages named on the command line and writes every log and figure to RESULTS (default gpu-results/).
 #
-#   bench/gpu.sh setup tests suite solve       # stages: setup info tests graphs suite cartpole solve bucket bucket_eager vmas
+#   bench/gpu.sh setup tests suite solve       # stages: setup info tests refail compile graphs suite cartpole solve bucket bucket_eager vmas
 #
 # Wheels to carry for a machine that has torch but not the rest (from a machine with pip access):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 -d .whl \
@@ -36,11 +36,25 @@ stage_info() {
 }
 
 stage_tests() {  # the whole suite with CUDA as the default device ('auto'); CUDA-only tests run, not skip
-    timeout "${TEST_SECONDS:-330}" $PY -m pytest -v -n "${TEST_WORKERS:-12}" -p no:cacheprovider --timeout 240 -rfEs \
-        --junitxml="$RESULTS/junit.xml" >"$RESULTS/tests_full.log" 2>&1
+    # The per-test limit stays above the slowest tests' own time (the kill-9 storm: 241 s on 2 CPU cores).
+    timeout "${TEST_SECONDS:-450}" $PY -m pytest -v -n "${TEST_WORKERS:-12}" -o cache_dir=/tmp/phalanx-pytest-cache \
+        --timeout "${TEST_TIMEOUT:-420}" -rfEs --durations=25 --junitxml="$RESULTS/junit.xml" >"$RESULTS/tests_full.log" 2>&1
     local rc=$?
-    grep -E "FAILED|ERROR|passed|failed" "$RESULTS/tests_full.log" | grep -v "^tests/" | tail -n 60 | tee "$RESULTS/tests.log"
+    grep -E "FAILED|ERROR|passed|failed|^[0-9.]+s (call|setup)" "$RESULTS/tests_full.log" | grep -v "^tests/" | tail -n 80 \
+        | tee "$RESULTS/tests.log"
     return $rc
+}
+
+stage_refail() {  # the tests the last `tests` stage failed, again with few workers (contention or a real failure?)
+    timeout "${REFAIL_SECONDS:-120}" $PY -m pytest -q -n "${REFAIL_WORKERS:-2}" -o cache_dir=/tmp/phalanx-pytest-cache \
+        --last-failed --last-failed-no-failures none --timeout 100 -rfE 2>&1 | tail -n 40 | tee "$RESULTS/refail.log"
+}
+
+stage_compile() {  # --compile on cartpole at 64k envs beside eager and CUDA graphs; inductor compiles in this process, so
+    # a failure shows its own message rather than "An exception occurred in a subprocess"
+    TORCHINDUCTOR_COMPILE_THREADS=1 timeout "${COMPILE_SECONDS:-150}" $PHX bench suite --device cuda --workloads cartpole \
+        --num-envs "${COMPILE_ENVS:-65536}" --modes eager,compile,graphs --seconds "${BENCH_SECONDS:-2}" --no-profile --uncapped \
+        --out /tmp/phalanx-compile --json "$RESULTS/compile.json" 2>&1 | tee "$RESULTS/compile.log"
 }
 
 stage_graphs() {  # the CUDA-only tests alone, verbose
@@ -48,9 +62,9 @@ stage_graphs() {  # the CUDA-only tests alone, verbose
         | tail -n 60 | tee "$RESULTS/cuda_tests.log"
 }
 
-stage_retest() {  # named tests only (RETEST), e.g. the ones a full run failed
-    timeout "${TEST_SECONDS:-200}" $PY -m pytest -q -n "${TEST_WORKERS:-8}" -p no:cacheprovider --timeout 180 -rfE $RETEST 2>&1 \
-        | grep -v "PytestBenchmarkWarning\|warner(" | tail -n 30 | tee "$RESULTS/retest.log"
+stage_retest() {  # named tests only (RETEST), e.g. the ones a full run failed; each test's outcome by name, as it ends
+    timeout "${TEST_SECONDS:-200}" $PY -m pytest -v -n "${TEST_WORKERS:-8}" -p no:cacheprovider --timeout "${RETEST_TIMEOUT:-180}" -rfE $RETEST 2>&1 \
+        | grep --line-buffered -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed" | tee "$RESULTS/retest.log"
 }
 
 stage_suite() {  # every workload at 4k / 16k / 64k envs

@@ -175,3 +175,15 @@ def test_sb3_comparison_uses_sb3s_own_settings():
                                                                               d["normalize_advantage"])
     cfg = bench.sb3_settings_config("unused")
     assert cfg.batch_size == 16384 and cfg.batch_size // cfg.num_minibatches == 64 and cfg.hidden_sizes == [64, 64]
+
+
+def test_one_line_keeps_the_cause_when_the_first_line_only_introduces_it():
+    # Inductor's failures read "SubprocException: An exception occurred in a subprocess:" and then a
+    # traceback: the GPU --compile row's note said only that, and the cause was lost with the process.
+    from phalanx.errors import one_line
+
+    e = RuntimeError("SubprocException: An exception occurred in a subprocess:\n\nTraceback (most recent call last):\n"
+                     "  File \"x.py\", line 1, in f\nAssertionError: the real reason\n")
+    assert one_line(e) == "RuntimeError: SubprocException: An exception occurred in a subprocess: ... AssertionError: the real reason"
+    assert one_line(ValueError("bad value\nmore detail")) == "ValueError: bad value"
+    assert one_line(KeyError()) == "KeyError: "

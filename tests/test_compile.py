@@ -76,6 +76,29 @@ def test_update_step_is_one_graph_and_never_recompiles(tmp_path, model):
         t.close()
 
 
+def test_compiled_update_step_calls_no_foreach_kernels(tmp_path):
+    """Inductor on CUDA (torch 2.11) failed an internal assertion fusing torch's foreach kernels
+    (Scheduler.reorder_loops_by_dep_pair on a ForeachKernelSchedulerNode), so `--compile` could not build
+    the update step on a GPU: the graph handed to the backend holds the clip and Adam in per-tensor form."""
+    torch._dynamo.reset()
+    ops: list[str] = []
+
+    def recording_backend(gm, example_inputs):
+        ops.extend(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
+        return gm.forward
+
+    t = Trainer(resolve(dict(CFG, num_envs=4, num_steps=8, run_dir=str(tmp_path / "r"))))
+    try:
+        t._step = compile_step(t._step, dynamic=False, backend=recording_backend)
+        before = [p.detach().clone() for p in t.model.parameters()]
+        t.collect()
+        t.update()
+        assert any(not torch.equal(b, p) for b, p in zip(before, t.model.parameters()))  # Adam ran in the graph
+        assert ops and not [op for op in ops if "_foreach_" in op], sorted({op for op in ops if "_foreach_" in op})
+    finally:
+        t.close()
+
+
 ROLLOUT = {
     # Observation and reward normalisers on: their running statistics are written inside the graph.
     "mlp": dict(env="cartpole", norm_obs=True, norm_reward=True),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -161,6 +162,23 @@ def test_unknown_scenario_from_the_command_line_exits_2_with_one_line(tmp_path):
     assert out.returncode == 2
     assert len(out.stderr.strip().splitlines()) == 1 and "unknown VMAS scenario 'nope'" in out.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_gym_import_notice_does_not_precede_the_one_line_error(tmp_path):
+    # VMAS imports gym, which prints gym-notices' 4-line "Gym has been unmaintained" notice to stderr
+    # whenever gym-notices has one for its version (0.1.0 has one; VMAS pins 0.0.8, which has none): on the
+    # GPU image every VMAS error came out as 5 lines. A stand-in gym_notices with a notice for every version.
+    notices = tmp_path / "site" / "gym_notices"
+    notices.mkdir(parents=True)
+    (notices / "__init__.py").write_text("")
+    (notices / "notices.py").write_text("class _Any(dict):\n    def get(self, key, default=None):\n"
+                                        "        return 'Gym has been unmaintained since 2022.\\nPlease upgrade.'\n"
+                                        "notices = _Any()\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), *sys.path])}
+    out = subprocess.run([sys.executable, "-m", "phalanx", "train", "--env", "vmas:nope", "--run-dir", str(tmp_path / "r"),
+                          "--progress", "false"], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [out.stderr.strip()] and "unknown VMAS scenario 'nope'" in out.stderr, out.stderr
 
 
 def test_mappo_learns_navigation_far_beyond_random_play(tmp_path):

@@ -32,5 +32,11 @@ class NonFiniteEnvError(PhalanxError):
 def one_line(e: BaseException) -> str:
     """`Type: first line of the message` — how a foreign exception (a user's env, a plugin, a library)
     enters a one-line error."""
-    text = str(e)
-    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    if not lines:
+        return f"{type(e).__name__}: "
+    # A first line ending in ':' only announces what follows (inductor: "An exception occurred in a
+    # subprocess:" and a traceback); the cause is the last line.
+    if lines[0].endswith(":") and len(lines) > 1:
+        return f"{type(e).__name__}: {lines[0]} ... {lines[-1]}"
+    return f"{type(e).__name__}: {lines[0]}"

@@ -166,8 +166,20 @@ def minibatch_step(
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         if sync_grads is not None:
             grads = sync_grads(grads)
-        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-        torch._foreach_mul_(grads, (hp.max_grad_norm / (norm + 1e-6)).clamp(max=1.0))
+        # Compiled, the per-tensor forms: inductor fuses them itself, and its kernels for torch's foreach
+        # ops failed an assertion on CUDA (torch 2.11, Scheduler.reorder_loops_by_dep_pair on a
+        # ForeachKernelSchedulerNode), so `--compile` could not build the update step on a GPU.
+        per_tensor = torch.compiler.is_compiling()
+        if per_tensor:
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+        else:
+            norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+        scale = (hp.max_grad_norm / (norm + 1e-6)).clamp(max=1.0)
+        if per_tensor:
+            for g in grads:
+                g.mul_(scale)
+        else:
+            torch._foreach_mul_(grads, scale)
         # Read at each step: restoring a checkpoint (or load_state_dict) replaces the state's tensors.
         group = optimizer.param_groups[0]
         exp_avgs, exp_avg_sqs, steps = adam_state(optimizer)
@@ -180,7 +192,7 @@ def minibatch_step(
             lr = float(lr)
         with torch.no_grad():
             adam(
-                params, grads, exp_avgs, exp_avg_sqs, [], steps, foreach=True, capturable=capturable, amsgrad=False,
+                params, grads, exp_avgs, exp_avg_sqs, [], steps, foreach=not per_tensor, capturable=capturable, amsgrad=False,
                 beta1=beta1, beta2=beta2, lr=lr, weight_decay=group["weight_decay"], eps=group["eps"], maximize=False,
             )
         metrics["grad_norm"] = norm.detach()

@@ -13,6 +13,8 @@ rewards; balance: 4 agents; both 100 steps) and Phalanx's tuned training default
 
 from __future__ import annotations
 
+import contextlib
+import io
 import warnings
 from typing import Any
 
@@ -29,7 +31,10 @@ DEFAULT_MAX_STEPS = 100
 
 def _require_vmas(what: str) -> Any:
     try:
-        import vmas
+        # VMAS imports gym, which prints gym-notices' several-line deprecation notice to stderr (for
+        # gym-notices >= 0.1): it would stand before every one-line error and in every log.
+        with contextlib.redirect_stderr(io.StringIO()):
+            import vmas
     except ImportError:
         raise MissingExtraError(f"{what} needs vmas; install it with `pip install 'phalanx[vmas]'`") from None
     return vmas
