@@ -271,3 +271,27 @@ def test_bad_text_refused_alike_for_config_keys_and_env_options(text):
         resolve({"norm_obs": text})
     with pytest.raises(ConfigError, match="legacy_phase_order"):
         registry.resolve_options("bucket_brigade", {"legacy_phase_order": text})
+
+
+@pytest.mark.parametrize("env", ["cartpole", "bucket_brigade"])
+def test_quiet_step_shortcuts_change_nothing(tmp_path, env):
+    """On the CPU a step where no episode ended and every number is finite skips its bookkeeping: the
+    buffers, the statistics (info keys included) and the counters equal those of the full bookkeeping."""
+    make = lambda name: Trainer(resolve(dict(env=env, num_envs=6, num_steps=40, progress=False, tensorboard=False, seed=5,  # noqa: E731
+                                             run_dir=str(tmp_path / name))))
+    fast, full = make("fast"), make("full")
+    full.rollout.host_branches = False
+    try:
+        assert fast.rollout.host_branches
+        for _ in range(3):
+            s_fast, s_full = fast.collect(), full.collect()
+            assert s_fast.keys() == s_full.keys() and s_fast["episodes"] > 0
+            for k in s_full:
+                assert torch.equal(s_fast[k], s_full[k]), k
+            for k, buf in full.rollout.buf.items():
+                assert torch.equal(buf, fast.rollout.buf[k]), k
+            for k, v in full.rollout.counters.state_tensors().items():
+                assert torch.equal(v, fast.rollout.counters.state_tensors()[k]), k
+    finally:
+        fast.close()
+        full.close()

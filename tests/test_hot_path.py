@@ -38,3 +38,18 @@ def test_trainer_reads_metrics_once_per_update():
 
 
 # On CUDA: tests/test_cuda.py::test_cuda_rollout_and_update_never_synchronise (set_sync_debug_mode).
+
+
+def test_rollout_reads_the_host_only_where_reading_is_free():
+    # The CPU-only shortcuts (quiet steps skip episode bookkeeping and the non-finite count) read through
+    # one helper, and only behind `host_branches`, which capture and CUDA graphs turn off.
+    from phalanx import rollout
+
+    step, checked = _code(Rollout._step), _code(Rollout._checked)
+    assert not HOST_READS.search(step) and not HOST_READS.search(checked)
+    for code in (step, checked):
+        for line in code.splitlines():
+            if "_read(" in line:
+                assert "self.host_branches" in line, line
+    assert "self.host_branches = False" in _code(Rollout.capture) and "self.host_branches = False" in _code(Rollout.use_cuda_graphs)
+    assert _code(rollout._read).count("bool(") == 1

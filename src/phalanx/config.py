@@ -43,7 +43,7 @@ class Config:
     num_steps: int = _f(128, "rollout length per environment per update", positive=True)
     seed: int = _f(1, "random seed of the run (envs, sampling, minibatches)", min=0)
     device: str = _f("auto", "auto | cpu | cuda | cuda:N | mps ('auto' picks CUDA, then MPS, then CPU)")
-    torch_threads: int = _f(0, "CPU threads for torch (0: torch's default)", min=0)
+    torch_threads: int = _f(0, "CPU threads for torch (0: chosen from the work: 1 below 2,048 agents a step on the CPU, else the CPUs this process may use, shared among torchrun's ranks on the node; torch's default on accelerators)", min=0)
     # PPO.
     lr: float = _f(2.5e-4, "Adam learning rate", positive=True)
     anneal_lr: bool = _f(True, "decay the learning rate linearly to 0 over the run")

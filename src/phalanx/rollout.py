@@ -55,6 +55,11 @@ def buffer_bytes(specs: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> int:
     return sum(math.prod(shape) * torch.empty((), dtype=dt).element_size() for shape, dt in specs.values())
 
 
+def _read(flag: torch.Tensor) -> bool:
+    """A 0-d bool read on the host: only where `Rollout.host_branches` (the CPU, where it is no device sync)."""
+    return bool(flag)
+
+
 @dataclasses.dataclass
 class GraphInputs:
     """The loop's carried observation and value under --cuda-graphs (static inputs of the recorded step)."""
@@ -99,6 +104,9 @@ class Rollout:
         # Which envs' final observations go through the critic: only the truncated ones (CPU, where
         # reading which they are costs nothing) or all of them (accelerators: no host sync). Same values.
         self.final_values_whole_batch = self.device.type != "cpu"
+        # On the CPU a step may branch on what it computed (reading a value is free there): quiet steps, where
+        # no episode ended and every number is finite, skip their bookkeeping. Not in a captured step.
+        self.host_branches = self.device.type == "cpu"
         # Sampling draws from `generator` through `draws`, so a captured step can replay them.
         self.draws, self.env_draws = Draws(generator), env.rng
         # Every source of draws a step makes: sampling, and the env where it draws through Draws.
@@ -131,6 +139,7 @@ class Rollout:
             raise ValueError("this rollout step cannot be captured whole (see Rollout.capturable)")
         # The critic runs over every final observation: selecting the truncated rows is a host read.
         self.final_values_whole_batch = True
+        self.host_branches = False
         self._t_index = [torch.tensor([t], device=self.device) for t in range(self.cfg.num_steps)]
         self._captured = torch.compile(self._step, fullgraph=True, dynamic=False, backend=backend)
         self._planned = False
@@ -144,6 +153,7 @@ class Rollout:
         check_graphs(self.device)
         # The critic runs over every final observation: selecting the truncated rows is a host read.
         self.final_values_whole_batch = True
+        self.host_branches = False
         self._graphed = True
 
     # -- observations and values -----------------------------------------------------------------
@@ -338,6 +348,27 @@ class Rollout:
         if model.recurrent:
             self.prev_done = done
         env_done = counters.step(reward, done, prev_active)
+        # The league counts every step; the rest only matters where a slot is done (or a slot left, so an
+        # env's episode may have ended).
+        if self.league is not None or not self.host_branches or _read(env_done.any() | done.any()):
+            self._count_episodes(rec, done, env_done, acting, stats)
+        if cfg.team_reward > 0:
+            w = cfg.team_reward
+            team = (reward * prev_active).sum(-1, keepdim=True) / prev_active.sum(-1, keepdim=True).clamp_min(1)
+            reward = (1 - w) * reward + w * team
+        if self.norms.reward is not None:
+            reward = self.norms.reward(reward, done, acting)
+        self._write("rewards", t, reward)
+        self._write("terminated", t, rec.terminated)
+        self._write("truncated", t, rec.truncated)
+        self._write("trial_end", t, rec.trial_end)
+        self.record = rec
+        return next_n, value
+
+    def _count_episodes(self, rec: StepRecord, done: torch.Tensor, env_done: torch.Tensor, acting: torch.Tensor,
+                        stats: dict[str, torch.Tensor]) -> None:
+        """Fold the episodes that ended at this step into `stats` and restart their counters."""
+        counters, learner = self.counters, self.learner
         agent_done = done & acting
         stats["ep_return_sum"] += (counters.slot_return * agent_done).sum()
         stats["ep_length_sum"] += (counters.slot_length * agent_done).sum()
@@ -357,18 +388,6 @@ class Rollout:
             stats[key] += (self._learner_mean(v) * env_done).sum()
         counters.end_slots(done)
         counters.end_envs(env_done)
-        if cfg.team_reward > 0:
-            w = cfg.team_reward
-            team = (reward * prev_active).sum(-1, keepdim=True) / prev_active.sum(-1, keepdim=True).clamp_min(1)
-            reward = (1 - w) * reward + w * team
-        if self.norms.reward is not None:
-            reward = self.norms.reward(reward, done, acting)
-        self._write("rewards", t, reward)
-        self._write("terminated", t, rec.terminated)
-        self._write("truncated", t, rec.truncated)
-        self._write("trial_end", t, rec.trial_end)
-        self.record = rec
-        return next_n, value
 
     def _write(self, name: str, t: int | torch.Tensor, x: torch.Tensor) -> None:
         buf = self.buf[name]
@@ -383,6 +402,8 @@ class Rollout:
         fields = [f for f in ("obs", "final_obs", "reward", "state", "final_state") if getattr(rec, f) is not None]
         if self.model.obs_is_image:  # uint8 pixels cannot be NaN
             fields = [f for f in fields if f not in ("obs", "final_obs")]
+        if self.host_branches and all(_read(torch.isfinite(getattr(rec, f)).all()) for f in fields):
+            return rec
         bad = sum((~torch.isfinite(getattr(rec, f))).sum() for f in fields)
         stats["env_nonfinite"] += bad
         first = stats["env_first_bad_step"]

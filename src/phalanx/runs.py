@@ -44,6 +44,26 @@ def resolve_device(name: str) -> torch.device:
     return dev
 
 
+# Agents stepped at once from which more than one CPU thread pays: on 2 cores, cartpole trains as fast
+# on one thread as on two up to 1,024 envs (and faster at 32), and 1.4x faster on two at 4,096.
+THREADED_BATCH = 2048
+
+
+def choose_threads(requested: int, device: torch.device, agents_per_step: int, local_ranks: int = 1) -> tuple[int, str]:
+    """(torch CPU threads, why) for `torch_threads` = `requested` (0: chosen from the work). One thread
+    for small batches on the CPU, where a pool only adds barriers; else the CPUs this process may use,
+    shared among the node's ranks. Accelerators keep torch's default (the host work is launches)."""
+    if requested > 0:
+        return requested, "torch_threads"
+    if device.type != "cpu":
+        return torch.get_num_threads(), f"torch's default on {device.type}"
+    if agents_per_step < THREADED_BATCH:
+        return 1, f"auto: {agents_per_step:,} agents a step; more threads pay from {THREADED_BATCH:,}"
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    share = max(1, cpus // max(1, local_ranks))
+    return share, f"auto: {cpus} CPUs" + (f" shared by {local_ranks} ranks" if local_ranks > 1 else "")
+
+
 def default_run_dir(env: str, stamp: float | None = None) -> Path:
     safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in env)
     return Path("runs") / f"{safe}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(stamp))}"

@@ -113,8 +113,6 @@ class Trainer:
         if cfg.progress and self.main:
             why = " (auto: CUDA, then MPS, then CPU)" if cfg.device == "auto" else ""
             print(f"device: {self.device}{why}", file=sys.stderr, flush=True)
-        if cfg.torch_threads > 0:
-            torch.set_num_threads(cfg.torch_threads)
         # Every rank must agree on the run directory: rank 0's clock names it.
         stamp = self.dist.broadcast_int(int(time.time()))
         self.run_dir = Path(run_dir or cfg.run_dir or runs.default_run_dir(cfg.env, stamp))
@@ -130,6 +128,10 @@ class Trainer:
         # one line, not by a torch error mid-run; the rollout's reset(seed) starts the env afresh after it.
         check_env(self.env, quick=True)
         self.N, self.A = self.env.num_envs, self.env.num_agents
+        threads, why = runs.choose_threads(cfg.torch_threads, self.device, self.N * self.A, self.dist.local_world)
+        torch.set_num_threads(threads)
+        if cfg.progress and self.main:
+            print(f"torch threads: {threads} ({why})", file=sys.stderr, flush=True)
         check_model(cfg, self.env)
         slots = parse_teammates(cfg.teammates, self.env)
         if cfg.opponents:

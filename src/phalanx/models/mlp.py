@@ -33,7 +33,13 @@ class _SigmoidTanh(torch.autograd.Function):
 
 class FastTanh(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _SigmoidTanh.apply(x) if x.device.type == "cpu" else torch.tanh(x)
+        if x.device.type != "cpu":
+            return torch.tanh(x)
+        if x.requires_grad:
+            return _SigmoidTanh.apply(x)
+        # Inference (the rollout, evaluation): the same arithmetic without autograd.Function's dispatch,
+        # which cost a small-batch rollout more than the forward itself (34k applies, 4.1 s of 21.5 s).
+        return torch.sigmoid(x * 2).mul_(2).sub_(1)
 
 
 ACTIVATIONS = {"tanh": FastTanh, "relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}
@@ -67,9 +73,20 @@ class RoleLinear(nn.Module):
         return torch.einsum("...ai,aio->...ao", x, self.weight[self.roles]) + self.bias[self.roles]
 
 
+class MLP(nn.Sequential):
+    """Layers in sequence, each called through its `forward`: nn.Module.__call__'s hook handling cost more
+    than a small batch's matmul (a 4-env rollout made 69k module calls for 23k layer forwards), and these
+    layers take no hooks."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self:
+            x = layer.forward(x)
+        return x
+
+
 def mlp(
     in_dim: int, hidden: tuple[int, ...], out_dim: int, activation: str, out_gain: float, roles: torch.Tensor | None = None
-) -> nn.Sequential:
+) -> MLP:
     """An MLP; with `roles`, every layer has one parameter set per role (see RoleLinear)."""
 
     def linear(i: int, o: int, gain: float) -> nn.Module:
@@ -81,7 +98,7 @@ def mlp(
         layers += [linear(d, h, math.sqrt(2)), ACTIVATIONS[activation]()]
         d = h
     layers.append(linear(d, out_dim, out_gain))
-    return nn.Sequential(*layers)
+    return MLP(*layers)
 
 
 class ActionHead(nn.Module):
