@@ -33,7 +33,7 @@ class _SigmoidTanh(torch.autograd.Function):
 
 class FastTanh(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type != "cpu":
+        if not x.is_cpu:
             return torch.tanh(x)
         if x.requires_grad:
             return _SigmoidTanh.apply(x)
