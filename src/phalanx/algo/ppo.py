@@ -170,10 +170,8 @@ def minibatch_step(
         # ops failed an assertion on CUDA (torch 2.11, Scheduler.reorder_loops_by_dep_pair on a
         # ForeachKernelSchedulerNode), so `--compile` could not build the update step on a GPU.
         per_tensor = torch.compiler.is_compiling()
-        if per_tensor:
-            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
-        else:
-            norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+        norms = [torch.linalg.vector_norm(g) for g in grads] if per_tensor else torch._foreach_norm(grads)
+        norm = torch.linalg.vector_norm(torch.stack(norms))
         scale = (hp.max_grad_norm / (norm + 1e-6)).clamp(max=1.0)
         if per_tensor:
             for g in grads:

@@ -104,6 +104,7 @@ class GymVecEnv(VecEnv):
         self.observation_space, self._flatten = _map_obs_space(self._single_obs)
         self.action_space = _map_action_space(self._single_act, env_id)
         self._pending_seed = seed
+        self._obs_np_dtype = np.uint8 if self.observation_space.dtype == torch.uint8 else np.float32
         self._discrete_act = isinstance(self._single_act, (gs.Discrete, gs.MultiDiscrete))
         self._act_start = self._single_act.start if self._discrete_act else 0  # gymnasium spaces may start at non-zero
         self._ep_return = np.zeros(num_envs, dtype=np.float64)
@@ -116,8 +117,7 @@ class GymVecEnv(VecEnv):
 
     def _to_torch(self, batch: list[np.ndarray] | np.ndarray) -> torch.Tensor:
         arr = np.stack(batch) if isinstance(batch, list) else batch
-        np_dtype = np.uint8 if self.observation_space.dtype == torch.uint8 else np.float32
-        return torch.from_numpy(np.ascontiguousarray(arr, dtype=np_dtype)).to(self.device).unsqueeze(1)
+        return torch.from_numpy(np.ascontiguousarray(arr, dtype=self._obs_np_dtype)).to(self.device).unsqueeze(1)
 
     def _batch_obs(self, obs: Any) -> torch.Tensor:
         if not self._flatten:
