@@ -3,7 +3,7 @@
 # project (no dependencies fetched; wheels it lacks come from WHEELS, default .whl/), then runs the
 # stages named on the command line and writes every log and figure to RESULTS (default gpu-results/).
 #
-#   bench/gpu.sh setup tests suite solve       # stages: setup info tests refail compile graphs suite cartpole solve bucket bucket_eager vmas
+#   bench/gpu.sh setup tests suite solve       # stages: setup info tests refail compile fastest graphs suite cartpole solve bucket bucket_eager vmas
 #
 # Wheels to carry for a machine that has torch but not the rest (from a machine with pip access):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 -d .whl \
@@ -55,6 +55,16 @@ stage_compile() {  # --compile on cartpole at 64k envs beside eager and CUDA gra
     TORCHINDUCTOR_COMPILE_THREADS=1 timeout "${COMPILE_SECONDS:-150}" $PHX bench suite --device cuda --workloads cartpole \
         --num-envs "${COMPILE_ENVS:-65536}" --modes eager,compile,graphs --seconds "${BENCH_SECONDS:-2}" --no-profile --uncapped \
         --out /tmp/phalanx-compile --json "$RESULTS/compile.json" 2>&1 | tee "$RESULTS/compile.log"
+}
+
+stage_fastest() {  # the fastest modes against the targets (cartpole >= 25M, bucket_brigade >= 20M at 64k envs)
+    local limit=${FASTEST_SECONDS:-240}
+    [ -n "${DEADLINE:-}" ] && limit=$((DEADLINE - SECONDS))  # DEADLINE: seconds since the script started
+    [ "$limit" -ge 60 ] || { echo "fastest: ${limit} s left, not started"; return 1; }
+    TORCHINDUCTOR_COMPILE_THREADS=1 timeout "$limit" $PHX bench suite --device cuda \
+        --workloads "${FASTEST_WORKLOADS:-cartpole,bucket_brigade}" --num-envs "${FASTEST_ENVS:-65536}" \
+        --modes "${FASTEST_MODES:-eager,graphs+bf16,compile+bf16}" --seconds "${BENCH_SECONDS:-2}" --no-profile --uncapped \
+        --out /tmp/phalanx-fastest --json "$RESULTS/fastest.json" 2>&1 | tee "$RESULTS/fastest.log"
 }
 
 stage_graphs() {  # the CUDA-only tests alone, verbose

@@ -100,6 +100,8 @@ MODES: dict[str, dict[str, Any]] = {
     "compile+graphs": {"compile": True, "cuda_graphs": True},
     "bf16": {"precision": "bf16"},
     "graphs+bf16": {"cuda_graphs": True, "precision": "bf16"},
+    "compile+bf16": {"compile": True, "precision": "bf16"},
+    "compile+graphs+bf16": {"compile": True, "cuda_graphs": True, "precision": "bf16"},
 }
 CUDA_MODES = "eager,compile,graphs,graphs+bf16"
 DEFAULT_OUT = "bench/results"
