@@ -277,7 +277,7 @@ def test_bad_text_refused_alike_for_config_keys_and_env_options(text):
 def test_quiet_step_shortcuts_change_nothing(tmp_path, env):
     """On the CPU a step where no episode ended and every number is finite skips its bookkeeping: the
     buffers, the statistics (info keys included) and the counters equal those of the full bookkeeping."""
-    make = lambda name: Trainer(resolve(dict(env=env, num_envs=6, num_steps=40, progress=False, tensorboard=False, seed=5,  # noqa: E731
+    make = lambda name: Trainer(resolve(dict(env=env, device="cpu", num_envs=6, num_steps=40, progress=False, tensorboard=False, seed=5,  # noqa: E731
                                              run_dir=str(tmp_path / name))))
     fast, full = make("fast"), make("full")
     full.rollout.host_branches = False

@@ -25,7 +25,7 @@ def test_small_batches_run_on_one_thread_and_large_ones_on_the_cpus_this_process
 @pytest.mark.parametrize(("num_envs", "expected"), [(32, 1), (runs.THREADED_BATCH, CPUS)])
 def test_the_trainer_applies_and_prints_the_count(tmp_path, capsys, num_envs, expected):
     torch.set_num_threads(CPUS + 1)  # neither answer
-    t = Trainer(resolve(dict(env="cartpole", num_envs=num_envs, num_steps=4, progress=True, tensorboard=False,
+    t = Trainer(resolve(dict(env="cartpole", device="cpu", num_envs=num_envs, num_steps=4, progress=True, tensorboard=False,
                              run_dir=str(tmp_path / "r"))))
     try:
         assert torch.get_num_threads() == expected
