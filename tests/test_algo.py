@@ -28,7 +28,7 @@ from phalanx.algo import (
 )
 from phalanx.envs.spaces import Box, Discrete, MultiDiscrete
 from phalanx.models import distributions as D
-from phalanx.models.mlp import ActionHead, MLPActorCritic
+from phalanx.models.mlp import ActionHead, FastTanh, MLPActorCritic
 
 F64 = torch.float64
 
@@ -573,6 +573,31 @@ def test_multi_discrete_head_log_prob_entropy_and_sampling(nvec):
     greedy = head.sample(flat, None, greedy=True)
     for i, (o, n) in enumerate(zip(offs, nvec)):
         assert torch.equal(greedy[:, i], flat[:, o:o + n].argmax(-1))
+
+
+@pytest.mark.parametrize("space", [Discrete(4), MultiDiscrete((3, 5, 2)), MultiDiscrete((2, 4), gates=((1, 0, 1),)),
+                                   Box(-1.0, 1.0, (3,))], ids=["discrete", "multi", "gated", "box"])
+def test_log_prob_entropy_is_log_prob_and_entropy_in_one_pass(space):
+    head = ActionHead(space)
+    g = torch.Generator().manual_seed(3)
+    out = torch.randn(64, head.out_dim, generator=g, requires_grad=True)
+    actions = head.sample(out.detach(), g, greedy=False)
+    lp, ent = head.log_prob_entropy(out, actions)
+    assert torch.equal(lp, head.log_prob(out, actions)) and torch.equal(ent, head.entropy(out))
+    (g1,) = torch.autograd.grad((lp - 0.01 * ent).sum(), out)
+    (g2,) = torch.autograd.grad((head.log_prob(out, actions) - 0.01 * head.entropy(out)).sum(), out)
+    torch.testing.assert_close(g1, g2, rtol=0, atol=1e-6)  # one softmax backward sums what two did apart
+
+
+@pytest.mark.parametrize("rows", [4, 256, 1024])
+def test_fast_tanh_is_tanh_in_value_and_gradient_at_every_size(rows):
+    x = torch.randn(rows, 64, generator=torch.Generator().manual_seed(rows), requires_grad=True) * 3
+    y = FastTanh()(x)
+    torch.testing.assert_close(y, torch.tanh(x), rtol=0, atol=3e-7)
+    (gx,) = torch.autograd.grad(y.sum(), x)
+    torch.testing.assert_close(gx, 1 - torch.tanh(x) ** 2, rtol=0, atol=1e-6)
+    with torch.no_grad():
+        torch.testing.assert_close(FastTanh()(x), y, rtol=0, atol=0)  # inference computes what training does
 
 
 def test_multi_discrete_padding_never_sampled_even_when_valid_logits_are_tiny():

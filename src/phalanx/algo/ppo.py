@@ -27,7 +27,7 @@ class PPOParams:
 
 @dataclass
 class PPOBatch:
-    """A flat batch of B samples; `mask` is 1 for active agent steps, 0 for excluded ones."""
+    """A flat batch of B samples; `mask` is 1 for active agent steps, 0 for excluded ones (no other values)."""
 
     obs: torch.Tensor
     critic_obs: torch.Tensor
@@ -72,17 +72,24 @@ def ppo_losses(
     """The clipped surrogate, (optionally clipped) value loss and entropy bonus on one batch; the
     metrics are named by the terms they measure."""
     clip_coef = hp.clip_coef
-    m = batch.mask
+    # masked_mean's arithmetic with the mask's test and count made once: eight means a minibatch, and at
+    # minibatch 64 on a CPU each op costs more than its arithmetic.
+    valid = batch.mask > 0
+    count = batch.mask.sum().clamp_min(1.0)
+
+    def mean_of(x: torch.Tensor) -> torch.Tensor:
+        return torch.where(valid, x, 0.0).sum() / count
+
     adv = batch.advantages
     if hp.norm_adv:
-        mean = masked_mean(adv, m)
-        std = torch.sqrt(masked_mean((adv - mean) ** 2, m))
+        mean = mean_of(adv)
+        std = torch.sqrt(mean_of((adv - mean) ** 2))
         adv = (adv - mean) / (std + 1e-8)
     log_ratio = new_logprobs - batch.logprobs
     ratio = log_ratio.exp()
     pg1 = -adv * ratio
     pg2 = -adv * ratio.clamp(1 - clip_coef, 1 + clip_coef)
-    policy_loss = masked_mean(torch.maximum(pg1, pg2), m)
+    policy_loss = mean_of(torch.maximum(pg1, pg2))
     v_loss = (new_values - batch.returns) ** 2
     # Samples whose value gradient the clip zeroes (the clipped term is the larger and is clamped).
     v_clipped_out = torch.zeros_like(v_loss, dtype=torch.bool)
@@ -92,13 +99,13 @@ def ppo_losses(
         v_clipped_loss = (v_clipped - batch.returns) ** 2
         v_clipped_out = (v_clipped_loss > v_loss) & ((new_values - batch.values).abs() > vclip)
         v_loss = torch.maximum(v_loss, v_clipped_loss)
-    value_loss = 0.5 * masked_mean(v_loss, m)
-    ent = masked_mean(entropy, m)
+    value_loss = 0.5 * mean_of(v_loss)
+    ent = mean_of(entropy)
     loss = policy_loss - hp.ent_coef * ent + hp.vf_coef * value_loss
     with torch.no_grad():
-        approx_kl = masked_mean((ratio - 1) - log_ratio, m)
-        clip_fraction = masked_mean(((ratio - 1).abs() > clip_coef).to(ratio.dtype), m)
-        value_clip_fraction = masked_mean(v_clipped_out.to(ratio.dtype), m)
+        approx_kl = mean_of((ratio - 1) - log_ratio)
+        clip_fraction = mean_of(((ratio - 1).abs() > clip_coef).to(ratio.dtype))
+        value_clip_fraction = mean_of(v_clipped_out.to(ratio.dtype))
     return loss, {
         "policy_loss": policy_loss.detach(), "value_loss": value_loss.detach(), "entropy": ent.detach(),
         "approx_kl": approx_kl, "clip_fraction": clip_fraction, "value_clip_fraction": value_clip_fraction,
@@ -228,7 +235,8 @@ def ppo_update(
     size = len(batch)
     parts = min(hp.num_minibatches, size)
     device = batch.logprobs.device
-    sums: dict[str, torch.Tensor] = {}
+    names: list[str] = []
+    sums: torch.Tensor | None = None
     steps = 0
     epochs_done = 0
     for _ in range(hp.num_epochs):
@@ -237,18 +245,21 @@ def ppo_update(
         # Every sample in every epoch: a remainder is spread one row each over the first minibatches.
         for idx in perm.tensor_split(parts):
             metrics = step(batch, idx)
-            for k, v in metrics.items():
-                # A step replayed as a CUDA graph returns the same tensors each time: keep a copy.
-                sums[k] = sums[k] + v if k in sums else v.clone()
-            kl_epoch += metrics["approx_kl"]
+            # One stack and one add a minibatch for all metrics (a step replayed as a CUDA graph returns the
+            # same tensors each time; the stack is the copy).
+            row = torch.stack(list(metrics.values()))
+            sums = row if sums is None else sums.add_(row)
+            if hp.target_kl is not None:
+                kl_epoch += metrics["approx_kl"]
             steps += 1
+        names = list(metrics)
         epochs_done += 1
-        if sync_mean is not None:
+        if hp.target_kl is not None and sync_mean is not None:
             kl_epoch = sync_mean(kl_epoch)
         if hp.target_kl is not None and float(kl_epoch / parts) > hp.target_kl:
             break
-    out = {k: v / max(steps, 1) for k, v in sums.items()}
-    out["nonfinite"] = sums["nonfinite"]
+    out = dict(zip(names, (sums / max(steps, 1)).unbind()))
+    out["nonfinite"] = sums[names.index("nonfinite")]
     out["epochs"] = torch.full((), epochs_done, dtype=torch.float32, device=device)
     out["explained_variance"] = explained_variance(batch.values, batch.returns, batch.mask)
     return out

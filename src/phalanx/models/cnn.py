@@ -168,7 +168,7 @@ class CNNActorCritic(nn.Module):
 
     def evaluate(self, obs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.actor(self.features(obs))
-        return self.head.log_prob(out, actions), self.head.entropy(out)
+        return self.head.log_prob_entropy(out, actions)
 
     def act_value(
         self, obs: torch.Tensor, generator: Source = None, greedy: bool = False
@@ -185,7 +185,7 @@ class CNNActorCritic(nn.Module):
         `critic_in` is `obs`): -> (logprob, entropy, value)."""
         feat = self.features(obs)
         out = self.actor(feat)
-        return self.head.log_prob(out, actions), self.head.entropy(out), self._value_from(obs, feat)
+        return *self.head.log_prob_entropy(out, actions), self._value_from(obs, feat)
 
 
 class CNNMemoryActorCritic(nn.Module):

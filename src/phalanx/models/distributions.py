@@ -25,12 +25,24 @@ def categorical_sample(logits: torch.Tensor, generator: Source) -> torch.Tensor:
 
 
 def categorical_log_prob(logits: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-    logp = torch.log_softmax(logits, -1)
-    return logp.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+    return _picked(torch.log_softmax(logits, -1), actions)
 
 
 def categorical_entropy(logits: torch.Tensor) -> torch.Tensor:
+    return _entropy(torch.log_softmax(logits, -1))
+
+
+def categorical_log_prob_entropy(logits: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both from one log-softmax (the update needs both: one softmax and its backward fewer a minibatch)."""
     logp = torch.log_softmax(logits, -1)
+    return _picked(logp, actions), _entropy(logp)
+
+
+def _picked(logp: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+    return logp.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+
+
+def _entropy(logp: torch.Tensor) -> torch.Tensor:
     return -(logp.exp() * logp).sum(-1)
 
 

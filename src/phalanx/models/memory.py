@@ -193,7 +193,7 @@ class _MemoryActorCritic(nn.Module):
     def evaluate_seq(self, obs, actions, start_state, resets=None, active=None, idle_outputs: bool = True):
         """-> (logprob, entropy, value | None), each [*B, A, T]."""
         out, value = self.seq(obs, start_state, resets, active, idle_outputs)
-        return self.head.log_prob(out, actions), self.head.entropy(out), value
+        return *self.head.log_prob_entropy(out, actions), value
 
     # -- memoryless critic -------------------------------------------------------------------------
     def value(self, critic_in: torch.Tensor) -> torch.Tensor:

@@ -11,19 +11,22 @@ from phalanx.draws import Source
 from phalanx.envs.spaces import Box, Discrete, MultiDiscrete, Space
 from phalanx.models import distributions as D
 
+# Below this many elements torch.tanh itself is the faster form, forward and backward (a 64-wide layer
+# of up to 256 rows on a 2-core CPU: the custom function's dispatch cost more than tanh's arithmetic).
+PLAIN_TANH_MAX_ELEMENTS = 16384
+
 
 class _SigmoidTanh(torch.autograd.Function):
-    """tanh as 2*sigmoid(2x) - 1: on many CPUs torch.tanh is ~5x slower than sigmoid, and tanh
-    dominated the rollout (abs. difference from torch.tanh < 2e-7)."""
+    """tanh as 2*sigmoid(2x) - 1: on many CPUs torch.tanh is ~5x slower than sigmoid on large tensors,
+    and tanh dominated the rollout (abs. difference from torch.tanh < 2e-7)."""
 
     @staticmethod
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        return torch.sigmoid(x * 2).mul_(2).sub_(1)
-
-    @staticmethod
-    def setup_context(ctx, inputs: tuple[torch.Tensor], output: torch.Tensor) -> None:
-        # Kept apart from forward so torch.func transforms (the update's gradients) can use it.
-        ctx.save_for_backward(output)
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        # ctx in forward, not a separate setup_context: with one, every apply binds its arguments
+        # through inspect.signature (40 us a call).
+        y = torch.sigmoid(x * 2).mul_(2).sub_(1)
+        ctx.save_for_backward(y)
+        return y
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
@@ -33,7 +36,7 @@ class _SigmoidTanh(torch.autograd.Function):
 
 class FastTanh(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not x.is_cpu:
+        if not x.is_cpu or x.numel() <= PLAIN_TANH_MAX_ELEMENTS:
             return torch.tanh(x)
         if x.requires_grad:
             return _SigmoidTanh.apply(x)
@@ -139,18 +142,30 @@ class ActionHead(nn.Module):
     def log_prob(self, out: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         if self.kind == "gaussian":
             return D.gaussian_log_prob(out, self.log_std, actions)
-        lp = D.categorical_log_prob(self._logits(out), actions)
+        return self._gated_log_prob(D.categorical_log_prob(self._logits(out), actions), actions)
+
+    def entropy(self, out: torch.Tensor) -> torch.Tensor:
+        if self.kind == "gaussian":
+            return D.gaussian_entropy(out, self.log_std)
+        logits = self._logits(out)
+        return self._gated_entropy(D.categorical_entropy(logits), logits)
+
+    def log_prob_entropy(self, out: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`log_prob` and `entropy` of the same output, computed once where they share work."""
+        if self.kind == "gaussian":
+            return D.gaussian_log_prob(out, self.log_std, actions), D.gaussian_entropy(out, self.log_std)
+        logits = self._logits(out)
+        lp, ent = D.categorical_log_prob_entropy(logits, actions)
+        return self._gated_log_prob(lp, actions), self._gated_entropy(ent, logits)
+
+    def _gated_log_prob(self, lp: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         if self.kind != "multi":
             return lp
         for h, j, v in self.space.gates:
             lp = torch.cat([lp[..., :h], lp[..., h:h + 1] * (actions[..., j:j + 1] == v), lp[..., h + 1:]], -1)
         return lp.sum(-1)
 
-    def entropy(self, out: torch.Tensor) -> torch.Tensor:
-        if self.kind == "gaussian":
-            return D.gaussian_entropy(out, self.log_std)
-        logits = self._logits(out)
-        ent = D.categorical_entropy(logits)
+    def _gated_entropy(self, ent: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         if self.kind != "multi":
             return ent
         # A gated sub-action contributes its entropy weighted by the chance that it matters.
@@ -225,7 +240,7 @@ class MLPActorCritic(nn.Module):
 
     def evaluate(self, obs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.actor(self.actor_input(obs))
-        return self.head.log_prob(out, actions), self.head.entropy(out)
+        return self.head.log_prob_entropy(out, actions)
 
     def evaluate_value(self, obs: torch.Tensor, actions: torch.Tensor,
                        critic_in: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

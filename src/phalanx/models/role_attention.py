@@ -277,7 +277,7 @@ class RoleAttentionActorCritic(nn.Module):
         self, obs: torch.Tensor, actions: torch.Tensor, present: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.actor(self._features(self.actor_attn, obs, present))
-        return self.head.log_prob(out, actions), self.head.entropy(out)
+        return self.head.log_prob_entropy(out, actions)
 
     def evaluate_value(self, obs: torch.Tensor, actions: torch.Tensor,
                        critic_in: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
