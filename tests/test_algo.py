@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import copy
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -15,10 +17,12 @@ import torch
 from gae_reference import forward_reference
 
 from phalanx.algo import (
+    Adam,
     PPOBatch,
     PPOParams,
     RewardScaler,
     RunningMeanStd,
+    adam_update,
     compute_gae,
     explained_variance,
     masked_mean,
@@ -804,3 +808,54 @@ def test_gae_is_a_parallel_scan_matching_the_reference_on_long_rollouts():
             exp = forward_reference(col(r), col(v), col(nv), col(term), col(trunc), col(active), col(te), 0.99, 0.95, False)
             assert torch.allclose(adv[:, n], t64(exp), atol=1e-9)
     assert counts[256] - counts[16] <= 4 * 3 * 8, counts  # 4 more rounds in each of 3 scans
+
+
+@pytest.mark.parametrize("per_tensor", [False, True])
+@pytest.mark.parametrize("tensor_lr", [False, True])
+def test_adam_steps_as_torch_adam_does(per_tensor, tensor_lr):
+    g = torch.Generator().manual_seed(0)
+    ours = [torch.randn(5, 3, generator=g), torch.randn(3, generator=g)]
+    theirs = [p.clone().requires_grad_() for p in ours]
+    opt = Adam(ours, lr=torch.tensor(3e-3) if tensor_lr else 3e-3, betas=(0.8, 0.99), eps=1e-5)
+    ref = torch.optim.Adam(theirs, lr=3e-3, betas=(0.8, 0.99), eps=1e-5)
+    for _ in range(50):
+        grads = [torch.randn(p.shape, generator=g) for p in ours]
+        adam_update(opt, grads, per_tensor=per_tensor)
+        for p, gr in zip(theirs, grads):
+            p.grad = gr.clone()
+        ref.step()
+    for p, q in zip(ours, theirs):
+        torch.testing.assert_close(p, q.detach(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(opt.state[p]["exp_avg_sq"], ref.state[q]["exp_avg_sq"], rtol=1e-6, atol=0)
+    assert all(float(opt.state[p]["step"]) == 50 for p in ours)
+
+
+def test_adam_state_dict_round_trip_restores_the_trajectory():
+    g = torch.Generator().manual_seed(1)
+    params = [torch.randn(4, generator=g)]
+    grads = [[torch.randn(4, generator=g)] for _ in range(6)]
+    opt = Adam(params, lr=torch.tensor(1e-2))
+    for gr in grads[:3]:
+        adam_update(opt, gr)
+    saved, start = copy.deepcopy(opt.state_dict()), params[0].clone()
+    for gr in grads[3:]:
+        adam_update(opt, gr)
+    first = params[0].clone()
+    opt.param_groups[0]["lr"].fill_(0.5)  # the saved learning rate comes back too
+    params[0].copy_(start)
+    opt.load_state_dict(saved)
+    for gr in grads[3:]:
+        adam_update(opt, gr)
+    assert torch.equal(params[0], first)
+
+
+def test_training_never_imports_dynamo(tmp_path):
+    """Any torch.optim optimizer imports torch._dynamo when created (2.3 s on a 2-core CPU); a run without
+    --compile must not pay it."""
+    code = ("import sys; from phalanx.config import resolve; from phalanx.trainer import Trainer\n"
+            f"t = Trainer(resolve(dict(env='cartpole', num_envs=8, num_steps=8, device='cpu', progress=False, "
+            f"tensorboard=False, run_dir={str(tmp_path / 'r')!r})))\n"
+            "t.collect(); t.update(); t.save(); print('torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"

@@ -25,7 +25,7 @@ from safetensors.torch import save_file
 
 from phalanx import checkpoint as ckpt
 from phalanx import runs
-from phalanx.algo import Normalizers, PPOBatch, PPOParams, compile_step, minibatch_step, ppo_update
+from phalanx.algo import Adam, Normalizers, PPOBatch, PPOParams, compile_step, minibatch_step, ppo_update
 from phalanx.config import Config, load_file, resolve
 from phalanx.distributed import Dist
 from phalanx.envs import make, registry
@@ -144,11 +144,10 @@ class Trainer:
             self.model = build_model(cfg, self.env).to(self.device)
         self.dist.broadcast_module(self.model)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        # The learning rate is a device tensor changed in place, and the update runs torch's Adam in its
-        # capturable functional form (see algo.ppo.minibatch_step): nothing in the step needs a host value.
+        # The learning rate is a device tensor changed in place, and Adam's update reads no host value
+        # (phalanx.algo.adam), so the step can be captured whole.
         self.lr = cfg.lr
-        self.optimizer = torch.optim.Adam(self.params, lr=torch.tensor(cfg.lr, device=self.device), eps=cfg.adam_eps,
-                                          foreach=True, capturable=True)
+        self.optimizer = Adam(self.params, lr=torch.tensor(cfg.lr, device=self.device), eps=cfg.adam_eps)
         self.hp = ppo_params(cfg)
         # Autocast's cache of cast weights would outlive a CUDA graph's recording: off under --cuda-graphs.
         self._amp = (partial(torch.autocast, device_type=self.device.type, dtype=torch.bfloat16, cache_enabled=not cfg.cuda_graphs)

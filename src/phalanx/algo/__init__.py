@@ -1,5 +1,6 @@
 """The algorithm: advantage estimation, PPO losses and update, normalisers."""
 
+from phalanx.algo.adam import Adam, adam_update
 from phalanx.algo.gae import compute_gae
 from phalanx.algo.normalize import Normalizers, RewardScaler, RunningMeanStd
 from phalanx.algo.ppo import (
@@ -14,6 +15,6 @@ from phalanx.algo.ppo import (
 )
 
 __all__ = [
-    "Normalizers", "PPOBatch", "PPOParams", "RewardScaler", "RunningMeanStd", "compute_gae", "explained_variance",
-    "compile_step", "masked_mean", "minibatch_step", "ppo_losses", "ppo_update",
+    "Adam", "Normalizers", "PPOBatch", "PPOParams", "RewardScaler", "RunningMeanStd", "compute_gae", "explained_variance",
+    "adam_update", "compile_step", "masked_mean", "minibatch_step", "ppo_losses", "ppo_update",
 ]

@@ -6,7 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from torch.optim.adam import adam
+
+from phalanx.algo.adam import AdamState, adam_update, check_adam
 
 
 @dataclass(frozen=True)
@@ -124,31 +125,15 @@ EvaluateFn = Callable[[PPOBatch], tuple[torch.Tensor, torch.Tensor, torch.Tensor
 StepFn = Callable[[PPOBatch, torch.Tensor], dict[str, torch.Tensor]]
 
 
-def adam_state(optimizer: torch.optim.Adam) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
-    """The optimizer's moments and step counts (created where missing), as the lists the functional Adam
-    updates in place; the step counts are device tensors, so the update needs no host value."""
-    params = optimizer.param_groups[0]["params"]
-    for p in params:
-        st = optimizer.state[p]
-        if not st:
-            st.update(step=torch.zeros((), dtype=torch.float32, device=p.device),
-                      exp_avg=torch.zeros_like(p, memory_format=torch.preserve_format),
-                      exp_avg_sq=torch.zeros_like(p, memory_format=torch.preserve_format))
-        elif not torch.is_tensor(st["step"]) or st["step"].device != p.device:
-            st["step"] = torch.as_tensor(st["step"], dtype=torch.float32, device=p.device)
-    return ([optimizer.state[p]["exp_avg"] for p in params], [optimizer.state[p]["exp_avg_sq"] for p in params],
-            [optimizer.state[p]["step"] for p in params])
-
-
 def minibatch_step(
     evaluate: EvaluateFn,
-    optimizer: torch.optim.Adam,
+    optimizer: AdamState,
     hp: PPOParams,
     sync_grads: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None = None,
 ) -> StepFn:
     """The update of one minibatch as one function of it: forward and losses, backward, the
-    global-norm clip and torch's Adam in its functional form, updating the parameters and the
-    optimizer's state in place. Tensor operations only (no host values), so
+    global-norm clip and Adam (`phalanx.algo.adam`: a torch.optim.Adam's state works too), updating the
+    parameters and the optimizer's state in place. Tensor operations only (no host values), so
     `torch.compile(..., fullgraph=True)` captures it whole through `compile_step` (and a CUDA graph
     can replay it).
 
@@ -156,8 +141,7 @@ def minibatch_step(
     compiled step fuses the gathers into the kernels that read them. `evaluate(part)` runs the model on
     a minibatch -> (log-prob, entropy, value). Returns the losses' metrics, the unclipped gradient norm
     and `nonfinite` (1 if the loss was not finite)."""
-    if not isinstance(optimizer, torch.optim.Adam) or len(optimizer.param_groups) != 1:
-        raise TypeError("minibatch_step takes a torch.optim.Adam with one parameter group")
+    check_adam(optimizer)
     params = optimizer.param_groups[0]["params"]
 
     def step(batch: PPOBatch, rows: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -185,21 +169,8 @@ def minibatch_step(
                 g.mul_(scale)
         else:
             torch._foreach_mul_(grads, scale)
-        # Read at each step: restoring a checkpoint (or load_state_dict) replaces the state's tensors.
-        group = optimizer.param_groups[0]
-        exp_avgs, exp_avg_sqs, steps = adam_state(optimizer)
-        beta1, beta2 = group["betas"]
-        # Torch's eager Adam is capturable (all tensors, no host value) only on accelerators; on the CPU
-        # eagerly it takes the learning rate as a number, which costs nothing to read there.
-        capturable = params[0].device.type != "cpu" or torch.compiler.is_compiling()
-        lr = group["lr"]
-        if not capturable and torch.is_tensor(lr):
-            lr = float(lr)
-        with torch.no_grad():
-            adam(
-                params, grads, exp_avgs, exp_avg_sqs, [], steps, foreach=not per_tensor, capturable=capturable, amsgrad=False,
-                beta1=beta1, beta2=beta2, lr=lr, weight_decay=group["weight_decay"], eps=group["eps"], maximize=False,
-            )
+        # The state is read at each step: restoring a checkpoint (or load_state_dict) replaces its tensors.
+        adam_update(optimizer, grads, per_tensor=per_tensor)
         metrics["grad_norm"] = norm.detach()
         metrics["nonfinite"] = (~torch.isfinite(loss.detach())).float()
         return metrics
