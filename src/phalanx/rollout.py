@@ -30,7 +30,8 @@ from phalanx.models.registry import obs_dim_of, state_dim_of
 from phalanx.profile import PhaseTimer
 from phalanx.slots import Teammates
 
-ActFn = Callable[[torch.Tensor, Draws], tuple[torch.Tensor, torch.Tensor]]
+# The feed-forward policy's one call a step: (obs, draws, greedy, critic input) -> (action, log-prob, value).
+ActValueFn = Callable[[torch.Tensor, Draws, bool, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
 def buffer_specs(cfg: Config, env: VecEnv, model: ActorCritic) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
@@ -62,10 +63,9 @@ def _read(flag: torch.Tensor) -> bool:
 
 @dataclasses.dataclass
 class GraphInputs:
-    """The loop's carried observation and value under --cuda-graphs (static inputs of the recorded step)."""
+    """The loop's carried observation under --cuda-graphs (the static input of the recorded step)."""
 
     obs_n: torch.Tensor
-    value: torch.Tensor
 
 
 class Rollout:
@@ -73,11 +73,11 @@ class Rollout:
     rows truncated at a step are selected, which costs nothing there)."""
 
     def __init__(self, cfg: Config, env: VecEnv, model: ActorCritic, norms: Normalizers, learner: torch.Tensor,
-                 generator: torch.Generator, act: ActFn | None, amp: Callable[[], AbstractContextManager],
+                 generator: torch.Generator, act_value: ActValueFn | None, amp: Callable[[], AbstractContextManager],
                  timer: PhaseTimer, teammates: Teammates | None = None, league: League | None = None,
                  seed: int | None = None, announce: bool = False):
         self.cfg, self.env, self.model, self.norms, self.learner = cfg, env, model, norms, learner
-        self.gen, self.act, self.amp, self.timer = generator, act, amp, timer
+        self.gen, self.act_value, self.amp, self.timer = generator, act_value, amp, timer
         self.teammates, self.league = teammates, league
         self.device = env.device
         self.N, self.A = env.num_envs, env.num_agents
@@ -112,6 +112,8 @@ class Rollout:
         # Every source of draws a step makes: sampling, and the env where it draws through Draws.
         self.all_draws = [d for d in (self.draws, self.env_draws) if d is not None]
         self.info_keys: list[str] = []
+        # The bootstrap placeholder where no slot was truncated (see _collect); never written in place.
+        self._no_value = torch.zeros(self.N, self.A, device=self.device)
         self._captured: Callable | None = None
         self._planned = False
         self._graphed = False
@@ -126,11 +128,11 @@ class Rollout:
         return self.env.capturable and not self.model.recurrent and self.teammates is None and self.league is None
 
     def compile(self, backend: str = "inductor") -> None:
-        """--compile: the whole step captured where `capturable`, else the policy's act compiled alone."""
+        """--compile: the whole step captured where `capturable`, else the policy's act_value compiled alone."""
         if self.capturable:
             self.capture(backend)
-        elif self.act is not None:
-            self.act = torch.compile(self.act, dynamic=False, backend=backend)
+        elif self.act_value is not None:
+            self.act_value = torch.compile(self.act_value, dynamic=False, backend=backend)
 
     def capture(self, backend: str = "inductor") -> None:
         """Compile the rollout step whole (torch.compile fullgraph: a graph break raises). Its first call
@@ -180,8 +182,12 @@ class Rollout:
                     memory = memory.select((envs.unsqueeze(1) * self.A + torch.arange(self.A, device=envs.device)).reshape(-1))
                 v = self.model.value_step(obs_n, memory)
             else:
-                v = self.model.value(state.reshape(state.shape[0], -1).float() if self.model.centralized else obs_n)
+                v = self.model.value(self.critic_in(obs_n, state))
         return self.denorm(v.float())
+
+    def critic_in(self, obs_n: torch.Tensor, state: torch.Tensor | None) -> torch.Tensor:
+        """What the feed-forward critic reads: the global state (MAPPO) or the observations."""
+        return state.reshape(state.shape[0], -1).float() if self.model.centralized else obs_n
 
     def denorm(self, v: torch.Tensor) -> torch.Tensor:
         return self.norms.value.denormalize(v) if self.norms.value is not None else v
@@ -233,23 +239,26 @@ class Rollout:
         obs_n = self.obs_in(self.record.obs)
         if model.recurrent:
             self.segment_start = self.memory.clone()
-        value = None if model.memory_critic else self.value(obs_n, self.record.state)
         for t in range(self.cfg.num_steps):
             if self._graphed:
-                obs_n, value = self._graph_step(t, obs_n, value, stats)
+                obs_n = self._graph_step(t, obs_n, stats)
             elif self._captured is not None and self._planned:
                 with self._draw_contexts("ahead"):
-                    obs_n, value = self._captured(self._t_index[t], obs_n, value, stats)
+                    obs_n = self._captured(self._t_index[t], obs_n, stats)
             elif self._captured is not None:
                 # The eager step before the first captured one notes what it draws (the plan replayed later).
                 with self._draw_contexts("recording"):
-                    obs_n, value = self._step(t, obs_n, value, stats)
+                    obs_n = self._step(t, obs_n, stats)
                 self._planned = True
             else:
-                obs_n, value = self._step(t, obs_n, value, stats)
-        if model.memory_critic:
-            nv = b["next_values"]
-            nv[:-1] = torch.where(b["truncated"][:-1], nv[:-1], b["values"][1:])
+                obs_n = self._step(t, obs_n, stats)
+        # What follows step t (unless truncated there) is the observation step t+1 valued in its one
+        # forward: the same input, so the same value as a critic call after the env step, one call fewer a
+        # step. After the last step one more call values what follows it (the memory critic did that in its step).
+        nv = b["next_values"]
+        if not model.memory_critic:
+            nv[-1] = torch.where(b["truncated"][-1], nv[-1], self.value(obs_n, self.record.state))
+        nv[:-1] = torch.where(b["truncated"][:-1], nv[:-1], b["values"][1:])
         return stats
 
     def _draw_contexts(self, mode: str, queues: list[list[torch.Tensor]] | None = None) -> contextlib.ExitStack:
@@ -259,50 +268,47 @@ class Rollout:
             stack.enter_context(d.replaying(queues[i]) if mode == "replaying" else getattr(d, mode)())
         return stack
 
-    def _graph_step(self, t: int, obs_n: torch.Tensor, value: torch.Tensor,
-                    stats: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _graph_step(self, t: int, obs_n: torch.Tensor, stats: dict[str, torch.Tensor]) -> torch.Tensor:
         """One step under --cuda-graphs: eager until the graph is recorded, then a replay."""
         step = self._captured or self._step
         if self._graph is None:
             if not self._planned:
                 with self._draw_contexts("recording"):
-                    out = self._step(t, obs_n, value, stats)
+                    out = self._step(t, obs_n, stats)
                 self._planned = True
                 return out
             if self._warm_steps < 2:
                 self._warm_steps += 1
                 side = warm_stream(self.device)
                 with torch.cuda.stream(side), self._draw_contexts("ahead"):
-                    out = step(self._t_index[t] if self._captured else t, obs_n, value, stats)
+                    out = step(self._t_index[t] if self._captured else t, obs_n, stats)
                 torch.cuda.current_stream(self.device).wait_stream(side)
                 return out
-            self._record_graph(step, obs_n, value, stats)
+            self._record_graph(step, obs_n, stats)
         io = self._graph_io
         if obs_n is not io.obs_n:
             io.obs_n.copy_(obs_n)
-        if value is not io.value:
-            io.value.copy_(value)
         self._graph_t.fill_(t)
         for d, queue in zip(self.all_draws, self._graph_queues):
             d.refill(queue)
         self._graph.replay()
-        return io.obs_n, io.value
+        return io.obs_n
 
-    def _record_graph(self, step: Callable, obs_n: torch.Tensor, value: torch.Tensor, stats: dict[str, torch.Tensor]) -> None:
-        io = self._graph_io = GraphInputs(obs_n.clone(), value.clone())
+    def _record_graph(self, step: Callable, obs_n: torch.Tensor, stats: dict[str, torch.Tensor]) -> None:
+        io = self._graph_io = GraphInputs(obs_n.clone())
         self._graph_t = torch.zeros(1, dtype=torch.long, device=self.device)
         self._graph_queues = [d.buffers() for d in self.all_draws]
         carried = Carried({"rollout": self, "env": self.env, "io": io, "stats": stats}, skip=(self.model, self.buf))
         graph = torch.cuda.CUDAGraph()
         with self._draw_contexts("replaying", self._graph_queues), torch.cuda.graph(graph):
-            io.obs_n, io.value = step(self._graph_t, io.obs_n, io.value, stats)
+            io.obs_n = step(self._graph_t, io.obs_n, stats)
             carried.fold()
         self._graph = graph
 
-    def _step(self, t: int | torch.Tensor, obs_n: torch.Tensor, value: torch.Tensor | None,
-              stats: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One step of every env: act, step the envs, write buffers at row `t`, count episodes. Captured
-        whole by `capture` (then `t` is a [1] index tensor, so one graph serves every row)."""
+    def _step(self, t: int | torch.Tensor, obs_n: torch.Tensor, stats: dict[str, torch.Tensor]) -> torch.Tensor:
+        """One step of every env: act (and value what is acted on), step the envs, write buffers at row `t`,
+        count episodes; -> the next observation, model-ready. Captured whole by `capture` (then `t` is a
+        [1] index tensor, so one graph serves every row)."""
         rec, cfg, model = self.record, self.cfg, self.model
         learner, counters = self.learner, self.counters
         if model.recurrent:
@@ -311,12 +317,11 @@ class Rollout:
             with self.timer.phase("policy_forward"), self.amp():
                 action, logp, v_mem, self.memory = model.act_step(obs_n, self.memory, self.prev_done, rec.active, self.draws)
             logp = logp.float()
-            if model.memory_critic:
-                value = self.denorm(v_mem.float())
+            value = self.denorm(v_mem.float()) if model.memory_critic else self.value(obs_n, rec.state)
         else:
             with self.timer.phase("policy_forward"), self.amp():
-                action, logp = self.act(obs_n, self.draws)
-            logp = logp.float()
+                action, logp, v = self.act_value(obs_n, self.draws, False, self.critic_in(obs_n, rec.state))
+            logp, value = logp.float(), self.denorm(v.float())
         if self.teammates is not None:
             with self.timer.phase("opponents"):
                 action = self.teammates.fill(action, rec, self.gen)
@@ -342,9 +347,8 @@ class Rollout:
             # reset where the episode goes on): those entries are filled in after the loop.
             ahead = self.value(next_n, None) if t == cfg.num_steps - 1 else torch.zeros_like(reward)
             self._write("next_values", t, self.final_values(rec, ahead))
-        else:
-            value = self.value(next_n, rec.state)
-            self._write("next_values", t, self.final_values(rec, value))
+        else:  # filled in after the loop where not truncated (see _collect)
+            self._write("next_values", t, self.final_values(rec, self._no_value))
         if model.recurrent:
             self.prev_done = done
         env_done = counters.step(reward, done, prev_active)
@@ -363,7 +367,7 @@ class Rollout:
         self._write("truncated", t, rec.truncated)
         self._write("trial_end", t, rec.trial_end)
         self.record = rec
-        return next_n, value
+        return next_n
 
     def _count_episodes(self, rec: StepRecord, done: torch.Tensor, env_done: torch.Tensor, acting: torch.Tensor,
                         stats: dict[str, torch.Tensor]) -> None:

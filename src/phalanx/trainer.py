@@ -169,11 +169,11 @@ class Trainer:
         self.update_slots = self.learner.nonzero().squeeze(1) if self.model.slot_agnostic and partial_learner else None
         if cfg.compile and self.model.recurrent:
             raise ConfigError("config key 'compile' supports feed-forward models (mlp, cnn, role_attention) for now")
-        act = None if self.model.recurrent else self.model.act
+        act_value = None if self.model.recurrent else self.model.act_value
         self._step = minibatch_step(self._evaluate, self.optimizer, self.hp,
                                     sync_grads=self.dist.average_grads if self.dist.enabled else None)
         self.timer = PhaseTimer(self.device)
-        self.rollout = Rollout(cfg, self.env, self.model, self.norms, self.learner, self.gen, act, self._amp, self.timer,
+        self.rollout = Rollout(cfg, self.env, self.model, self.norms, self.learner, self.gen, act_value, self._amp, self.timer,
                                self.teammates, self.league, seed=self.env_seed, announce=cfg.progress)
         if cfg.compile:
             # Shapes are fixed for the whole run (num_envs, minibatch sizes), so each compiles once (twice

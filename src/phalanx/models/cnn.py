@@ -171,9 +171,10 @@ class CNNActorCritic(nn.Module):
         return self.head.log_prob_entropy(out, actions)
 
     def act_value(
-        self, obs: torch.Tensor, generator: Source = None, greedy: bool = False
+        self, obs: torch.Tensor, generator: Source = None, greedy: bool = False, critic_in: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`act` and `value` on the same observations: -> (action, logprob, value)."""
+        """`act` and `value` on the same observations (the critic reads them: `critic_in` is `obs` or None),
+        the shared encoder run once: -> (action, logprob, value)."""
         feat = self.features(obs)
         out = self.actor(feat)
         action = self.head.sample(out, generator, greedy)

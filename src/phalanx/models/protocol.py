@@ -41,6 +41,11 @@ class FeedForwardActorCritic(ActorCritic, Protocol):
         """obs [..., A, *obs] -> (action [..., A, *act], log-prob [..., A])."""
         ...
 
+    def act_value(self, obs: torch.Tensor, generator: Source = None, greedy: bool = False,
+                  critic_in: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """-> (action, log-prob, value): `act`, and `value(critic_in)` (None: `obs`), the rollout's one call a step."""
+        ...
+
     def evaluate_value(self, obs: torch.Tensor, actions: torch.Tensor,
                        critic_in: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """-> (log-prob, entropy, value), each [..., A]: the update's one forward."""

@@ -273,6 +273,11 @@ class RoleAttentionActorCritic(nn.Module):
         action = self.head.sample(out, generator, greedy)
         return action, self.head.log_prob(out, action)
 
+    def act_value(self, obs: torch.Tensor, generator: Source = None, greedy: bool = False,
+                  critic_in: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`act` and `value` in one call (the rollout's per step): -> (action, log-prob, value)."""
+        return *self.act(obs, generator, greedy), self.value(obs if critic_in is None else critic_in)
+
     def evaluate(
         self, obs: torch.Tensor, actions: torch.Tensor, present: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
