@@ -4,6 +4,7 @@ import inspect
 import re
 
 from phalanx.algo import gae, ppo
+from phalanx.config import resolve
 from phalanx.envs import cartpole, pendulum
 from phalanx.episodes import EpisodeCounters
 from phalanx.models import distributions, mlp
@@ -53,3 +54,25 @@ def test_rollout_reads_the_host_only_where_reading_is_free():
                 assert "self.host_branches" in line, line
     assert "self.host_branches = False" in _code(Rollout.capture) and "self.host_branches = False" in _code(Rollout.use_cuda_graphs)
     assert _code(rollout._read).count("bool(") == 1
+
+
+def test_rollout_calls_the_policy_once_a_step(tmp_path):
+    """act and value in one call a step; what follows the last step is valued once after the loop (the
+    step's own next value was a second policy call a step)."""
+    t = Trainer(resolve(dict(env="cartpole", device="cpu", num_envs=4, num_steps=16, progress=False, tensorboard=False,
+                             run_dir=str(tmp_path / "r"))))
+    calls = {"act_value": 0, "value": 0}
+
+    def counted(name, fn):
+        def call(*args):
+            calls[name] += 1
+            return fn(*args)
+        return call
+
+    t.rollout.act_value = counted("act_value", t.rollout.act_value)
+    t.rollout.value = counted("value", t.rollout.value)
+    try:
+        t.collect()  # no cartpole episode is truncated in 16 steps: no final observation to value
+    finally:
+        t.close()
+    assert calls == {"act_value": 16, "value": 1}
