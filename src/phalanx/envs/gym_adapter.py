@@ -107,6 +107,11 @@ class GymVecEnv(VecEnv):
         self._obs_np_dtype = np.uint8 if self.observation_space.dtype == torch.uint8 else np.float32
         self._discrete_act = isinstance(self._single_act, (gs.Discrete, gs.MultiDiscrete))
         self._act_start = self._single_act.start if self._discrete_act else 0  # gymnasium spaces may start at non-zero
+        # Every step's (constant) flags: records are never written in place.
+        self._all_active = torch.ones(num_envs, 1, dtype=torch.bool, device=self.device)
+        self._no_trial_end = torch.zeros(num_envs, 1, dtype=torch.bool, device=self.device)
+        self._columns = np.zeros((5, num_envs, 1), dtype=np.float32)
+        self._done = np.zeros(num_envs, dtype=bool)
         self._ep_return = np.zeros(num_envs, dtype=np.float64)
         self._ep_length = np.zeros(num_envs, dtype=np.int64)
 
@@ -126,9 +131,21 @@ class GymVecEnv(VecEnv):
 
         return self._to_torch([self._obs_one(o) for o in iterate(self.vec.observation_space, obs)])
 
-    def _slot_columns(self, arr: np.ndarray) -> list[torch.Tensor]:
-        """Rows of a [k, N] host array as k [N, 1] tensors on the device: one conversion and one copy for all."""
-        return list(torch.from_numpy(arr).to(self.device).unsqueeze(-1).unbind(0))
+    def _step_columns(self, reward: np.ndarray, terminated: np.ndarray, truncated: np.ndarray) -> list[torch.Tensor]:
+        """reward, episode return and length (where an episode ended, else 0), terminated and truncated as
+        [N, 1] float32 tensors on the device: written into one host array, copied to the device once."""
+        host = self._columns
+        host[0, :, 0] = reward
+        done = np.logical_or(terminated, truncated, out=self._done)
+        self._ep_return += reward
+        self._ep_length += 1
+        host[1, :, 0] = np.where(done, self._ep_return, 0.0)
+        host[2, :, 0] = np.where(done, self._ep_length, 0)
+        host[3, :, 0] = terminated
+        host[4, :, 0] = truncated
+        self._ep_return[done] = 0
+        self._ep_length[done] = 0
+        return list(torch.tensor(host, device=self.device).unbind(0))
 
     def reset(self, seed: int | None = None) -> StepRecord:
         seed = self._pending_seed if seed is None else seed
@@ -156,22 +173,14 @@ class GymVecEnv(VecEnv):
             final[torch.as_tensor(idx, device=self.device)] = self._to_torch([self._obs_one(info["final_obs"][i]) for i in idx])
         else:
             final = o
-        self._ep_return += reward
-        self._ep_length += 1
-        done = np.logical_or(terminated, truncated)
-        reward_t, ep_return, ep_length = self._slot_columns(np.stack([
-            np.asarray(reward, dtype=np.float32), np.where(done, self._ep_return, 0.0).astype(np.float32),
-            np.where(done, self._ep_length, 0).astype(np.float32)]))
-        self._ep_return[done] = 0
-        self._ep_length[done] = 0
-        terminated_t, truncated_t = self._slot_columns(np.stack([np.asarray(terminated, dtype=bool), np.asarray(truncated, dtype=bool)]))
+        reward_t, ep_return, ep_length, terminated_t, truncated_t = self._step_columns(reward, terminated, truncated)
         return StepRecord(
             obs=o,
             reward=reward_t,
-            terminated=terminated_t,
-            truncated=truncated_t,
-            active=torch.ones(self.num_envs, 1, dtype=torch.bool, device=self.device),
-            trial_end=torch.zeros(self.num_envs, 1, dtype=torch.bool, device=self.device),
+            terminated=terminated_t > 0,
+            truncated=truncated_t > 0,
+            active=self._all_active,
+            trial_end=self._no_trial_end,
             final_obs=final,
             info={"episode_return": ep_return.squeeze(1), "episode_length": ep_length.squeeze(1)},
         )
