@@ -2,8 +2,8 @@
 
 Each pair runs `phalanx train --env gym:<id> ...` and the same PPO in SB3 (this file with `--sb3 TASK`),
 one after the other, in alternation, as a user would start them (imports, env creation, training,
-Phalanx's checkpoints, logs and closing plot included). Wall-clock seconds of each process; the ratio
-is SB3's time over Phalanx's, per pair, and its median.
+Phalanx's checkpoints, logs and closing plot included). Wall-clock and CPU seconds of each process; the
+ratios are SB3's time over Phalanx's, per pair, and their medians.
 
     python bench/vs_sb3.py                               # both tasks, 3 pairs each
     python bench/vs_sb3.py --tasks acrobot --pairs 5 --threads 1 --out bench/results/vs_sb3
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -80,13 +81,17 @@ def sb3_train(name: str, threads: int, seed: int) -> None:
     model.learn(total_timesteps=task["total_steps"])
 
 
-def timed(cmd: list[str], env: dict[str, str]) -> float:
+def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall-clock s, CPU s: user + system) of the process. On a virtual machine whose host takes CPU
+    time away (steal), the wall clock swings by tens of percent between runs; the CPU time much less."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if out.returncode != 0:
         raise SystemExit(f"vs_sb3: {' '.join(cmd[:6])} ... failed (exit {out.returncode}): {out.stderr.strip()[-500:]}")
-    return wall
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,13 +117,26 @@ def main(argv: list[str] | None = None) -> int:
         task = TASKS[name]
         pairs = []
         for i in range(args.pairs):
-            with tempfile.TemporaryDirectory() as tmp:
-                ours = timed(phalanx_cmd(task, f"{tmp}/run", args.threads, args.seed), env)
-            theirs = timed([sys.executable, __file__, "--sb3", name, "--threads", str(args.threads), "--seed", str(args.seed)], env)
-            pairs.append({"phalanx_s": round(ours, 2), "sb3_s": round(theirs, 2), "speedup": round(theirs / ours, 3)})
-            print(f"{name} pair {i + 1}: phalanx {ours:.1f} s, sb3 {theirs:.1f} s, {theirs / ours:.2f}x", flush=True)
+            def run_phalanx() -> tuple[float, float]:
+                with tempfile.TemporaryDirectory() as tmp:
+                    return timed(phalanx_cmd(task, f"{tmp}/run", args.threads, args.seed), env)
+
+            def run_sb3() -> tuple[float, float]:
+                return timed([sys.executable, __file__, "--sb3", name, "--threads", str(args.threads), "--seed", str(args.seed)], env)
+
+            # Each side goes first in every other pair, so a drift of the machine's speed favours neither.
+            if i % 2 == 0:
+                ours, theirs = run_phalanx(), run_sb3()
+            else:
+                theirs, ours = run_sb3(), run_phalanx()
+            pairs.append({"phalanx_s": round(ours[0], 2), "sb3_s": round(theirs[0], 2), "speedup": round(theirs[0] / ours[0], 3),
+                          "phalanx_cpu_s": round(ours[1], 2), "sb3_cpu_s": round(theirs[1], 2),
+                          "cpu_speedup": round(theirs[1] / ours[1], 3)})
+            print(f"{name} pair {i + 1}: phalanx {ours[0]:.1f} s ({ours[1]:.1f} CPU), sb3 {theirs[0]:.1f} s ({theirs[1]:.1f} CPU), "
+                  f"{theirs[0] / ours[0]:.2f}x wall, {theirs[1] / ours[1]:.2f}x CPU", flush=True)
         rows.append({"task": name, **task, "pairs": pairs,
-                     "median_speedup": round(statistics.median(p["speedup"] for p in pairs), 3)})
+                     "median_speedup": round(statistics.median(p["speedup"] for p in pairs), 3),
+                     "median_cpu_speedup": round(statistics.median(p["cpu_speedup"] for p in pairs), 3)})
     import platform
 
     import torch
@@ -126,14 +144,15 @@ def main(argv: list[str] | None = None) -> int:
     machine = {"cpus": len(os.sched_getaffinity(0)), "cpu": platform.processor() or platform.machine(),
                "torch": torch.__version__, "python": platform.python_version(), "threads": args.threads}
     lines = [f"Whole process, {machine['cpus']} CPUs, torch {machine['torch']}, {args.threads} torch thread(s) each, "
-             f"seed {args.seed}, {args.pairs} pairs in alternation (Phalanx first in each pair).", "",
-             "| task | settings | steps | Phalanx s (median) | SB3 s (median) | SB3 / Phalanx per pair | median |",
-             "|---|---|--:|--:|--:|---|--:|"]
+             f"seed {args.seed}, {args.pairs} pairs in alternation (each side first in every other pair); SB3's time "
+             "over Phalanx's, wall clock and CPU time (user + system).", "",
+             "| task | settings | steps | Phalanx s (median) | SB3 s (median) | SB3 / Phalanx per pair | median | CPU time: median |",
+             "|---|---|--:|--:|--:|---|--:|--:|"]
     for r in rows:
         ps = r["pairs"]
         lines.append(f"| gym:{r['env_id']} | {r['source']} | {r['total_steps']:,} | {statistics.median(p['phalanx_s'] for p in ps):.1f} | "
                      f"{statistics.median(p['sb3_s'] for p in ps):.1f} | {', '.join(format(p['speedup'], '.2f') for p in ps)} | "
-                     f"**{r['median_speedup']:.2f}x** |")
+                     f"**{r['median_speedup']:.2f}x** | {r['median_cpu_speedup']:.2f}x |")
     print("\n".join(lines))
     if args.out:
         out = Path(args.out)
