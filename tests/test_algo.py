@@ -810,9 +810,9 @@ def test_gae_is_a_parallel_scan_matching_the_reference_on_long_rollouts():
     assert counts[256] - counts[16] <= 4 * 3 * 8, counts  # 4 more rounds in each of 3 scans
 
 
-@pytest.mark.parametrize("per_tensor", [False, True])
+@pytest.mark.parametrize("form", ["fused", "foreach", "per_tensor"])
 @pytest.mark.parametrize("tensor_lr", [False, True])
-def test_adam_steps_as_torch_adam_does(per_tensor, tensor_lr):
+def test_adam_steps_as_torch_adam_does(form, tensor_lr):
     g = torch.Generator().manual_seed(0)
     ours = [torch.randn(5, 3, generator=g), torch.randn(3, generator=g)]
     theirs = [p.clone().requires_grad_() for p in ours]
@@ -820,7 +820,7 @@ def test_adam_steps_as_torch_adam_does(per_tensor, tensor_lr):
     ref = torch.optim.Adam(theirs, lr=3e-3, betas=(0.8, 0.99), eps=1e-5)
     for _ in range(50):
         grads = [torch.randn(p.shape, generator=g) for p in ours]
-        adam_update(opt, grads, per_tensor=per_tensor)
+        adam_update(opt, grads, form)
         for p, gr in zip(theirs, grads):
             p.grad = gr.clone()
         ref.step()

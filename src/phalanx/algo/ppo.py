@@ -170,7 +170,7 @@ def minibatch_step(
         else:
             torch._foreach_mul_(grads, scale)
         # The state is read at each step: restoring a checkpoint (or load_state_dict) replaces its tensors.
-        adam_update(optimizer, grads, per_tensor=per_tensor)
+        adam_update(optimizer, grads, "per_tensor" if per_tensor else None)
         metrics["grad_norm"] = norm.detach()
         metrics["nonfinite"] = (~torch.isfinite(loss.detach())).float()
         return metrics
