@@ -59,8 +59,12 @@ class PPOBatch:
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return _mean_where(x, mask > 0, mask.sum().clamp_min(1.0))
+
+
+def _mean_where(x: torch.Tensor, valid: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
     # where, not multiply: 0 * inf from an excluded entry would poison the mean.
-    return torch.where(mask > 0, x * mask, torch.zeros_like(x)).sum() / mask.sum().clamp_min(1.0)
+    return torch.where(valid, x, 0.0).sum() / count
 
 
 def ppo_losses(
@@ -79,7 +83,7 @@ def ppo_losses(
     count = batch.mask.sum().clamp_min(1.0)
 
     def mean_of(x: torch.Tensor) -> torch.Tensor:
-        return torch.where(valid, x, 0.0).sum() / count
+        return _mean_where(x, valid, count)
 
     adv = batch.advantages
     if hp.norm_adv:
@@ -212,7 +216,7 @@ def ppo_update(
     epochs_done = 0
     for _ in range(hp.num_epochs):
         perm = torch.randperm(size, generator=generator, device=device)
-        kl_epoch = torch.zeros((), device=device)
+        kl_epoch = torch.zeros((), device=device) if hp.target_kl is not None else None
         # Every sample in every epoch: a remainder is spread one row each over the first minibatches.
         for idx in perm.tensor_split(parts):
             metrics = step(batch, idx)
