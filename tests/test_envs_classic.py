@@ -217,3 +217,25 @@ def test_cartpole_and_pendulum_step_on_gpu_without_host_sync():
             torch.cuda.set_sync_debug_mode("default")
         assert rec.obs.device.type == "cuda" and rec.truncated.any().item() is False
         assert math.isfinite(rec.reward.sum().item())
+
+
+@pytest.mark.parametrize("env_id", ["FrozenLake-v1", "Blackjack-v1"])
+def test_gym_adapter_sync_and_async_agree_on_flattened_spaces(env_id):
+    """The adapter's own loop over the copies gives what gymnasium's AsyncVectorEnv gives, step for step,
+    through resets, for observation spaces that are flattened (Discrete one-hot, Tuple)."""
+    n = 3
+    envs = [penvs.make(f"gym:{env_id}", num_envs=n, seed=5, vectorization_mode=mode) for mode in ("sync", "async")]
+    first = [e.reset() for e in envs]
+    torch.testing.assert_close(first[0].obs, first[1].obs, rtol=0, atol=0)
+    rng = np.random.default_rng(0)
+    ended = 0
+    for _ in range(40):
+        acts = torch.as_tensor(rng.integers(0, envs[0].action_space.n, (n, 1)))
+        sync, asyn = (e.step(acts) for e in envs)
+        for field in ("obs", "final_obs", "reward", "terminated", "truncated"):
+            torch.testing.assert_close(getattr(sync, field), getattr(asyn, field), rtol=0, atol=0)
+        torch.testing.assert_close(sync.info["episode_length"], asyn.info["episode_length"], rtol=0, atol=0)
+        ended += int((sync.terminated | sync.truncated).sum())
+    assert ended > 0 and sync.obs.shape == (n, 1, *envs[0].observation_space.shape)
+    for e in envs:
+        e.close()

@@ -19,15 +19,16 @@ class ActionError(ValueError):
     """Actions that do not fit the action space; the message is one line."""
 
 
-def _batched(actions: torch.Tensor, num_envs: int, num_agents: int, shape: tuple[int, ...], what: str) -> torch.Tensor:
+def _batched(actions: torch.Tensor, num_envs: int, num_agents: int, space: Space) -> torch.Tensor:
     if not isinstance(actions, torch.Tensor):
-        raise ActionError(f"actions must be a torch.Tensor for {what}; got {type(actions).__name__}")
+        raise ActionError(f"actions must be a torch.Tensor for {space.describe()}; got {type(actions).__name__}")
+    shape = space.shape
     want = (num_envs, num_agents, *shape)
     if tuple(actions.shape) == want:
         return actions
     if num_agents == 1 and tuple(actions.shape) == (num_envs, *shape):
         return actions.unsqueeze(1)
-    raise ActionError(f"actions must have shape {list(want)} for {what}; got {list(actions.shape)}")
+    raise ActionError(f"actions must have shape {list(want)} for {space.describe()}; got {list(actions.shape)}")
 
 
 def _value_checks_are_free(actions: torch.Tensor) -> bool:
@@ -35,17 +36,20 @@ def _value_checks_are_free(actions: torch.Tensor) -> bool:
 
 
 def _bounds(actions: torch.Tensor) -> tuple[int, int]:
-    """(min, max) of integer actions; on the CPU through numpy, which costs a few actions a fraction of
-    two torch reductions (a gym adapter checks every step)."""
+    """(min, max) of integer actions; on the CPU through the host's own values, which costs a few actions
+    a fraction of two torch reductions (a gym adapter checks every step)."""
     if actions.device.type == "cpu":
         values = actions.detach().numpy()
+        if values.size <= 64:
+            flat = values.ravel().tolist()
+            return min(flat), max(flat)
         return int(values.min()), int(values.max())
     return int(actions.min()), int(actions.max())
 
 
-def _check_integer(actions: torch.Tensor, what: str) -> None:
+def _check_integer(actions: torch.Tensor, space: Space) -> None:
     if actions.dtype == torch.bool or actions.dtype.is_floating_point or actions.dtype.is_complex:
-        raise ActionError(f"actions must have an integer dtype for {what}; got {str(actions.dtype).replace('torch.', '')}")
+        raise ActionError(f"actions must have an integer dtype for {space.describe()}; got {str(actions.dtype).replace('torch.', '')}")
 
 
 @dataclass(frozen=True)
@@ -87,18 +91,17 @@ class Discrete:
     def check(self, actions: torch.Tensor, num_envs: int, num_agents: int, values: bool | None = None) -> torch.Tensor:
         """-> actions [N, A]; ActionError for a float dtype, a wrong shape or (where `values`, by default
         where reading is free) a value outside [0, n)."""
-        what = self.describe()
-        actions = _batched(actions, num_envs, num_agents, (), what)
-        _check_integer(actions, what)
+        actions = _batched(actions, num_envs, num_agents, self)
+        _check_integer(actions, self)
         if (_value_checks_are_free(actions) if values is None else values) and actions.numel():
             lo, hi = _bounds(actions)
             if lo < 0 or hi >= self.n:
-                raise ActionError(f"actions must lie in [0, {self.n}) for {what}; got {lo if lo < 0 else hi}")
+                raise ActionError(f"actions must lie in [0, {self.n}) for {self.describe()}; got {lo if lo < 0 else hi}")
             if self.slot_n:
                 over = actions >= torch.tensor(self.slot_n, device=actions.device)
                 if bool(over.any()):
                     j = int(over.any(0).nonzero()[0])
-                    raise ActionError(f"actions[:, {j}] must lie in [0, {self.slot_n[j]}) for {what}; got {int(actions[:, j].max())}")
+                    raise ActionError(f"actions[:, {j}] must lie in [0, {self.slot_n[j]}) for {self.describe()}; got {int(actions[:, j].max())}")
         return actions
 
 
@@ -128,16 +131,15 @@ class MultiDiscrete:
 
     def check(self, actions: torch.Tensor, num_envs: int, num_agents: int, values: bool | None = None) -> torch.Tensor:
         """-> actions [N, A, k]; as `Discrete.check`, per sub-action."""
-        what = self.describe()
-        actions = _batched(actions, num_envs, num_agents, self.shape, what)
-        _check_integer(actions, what)
+        actions = _batched(actions, num_envs, num_agents, self)
+        _check_integer(actions, self)
         if (_value_checks_are_free(actions) if values is None else values) and actions.numel():
             nvec = torch.tensor(self.nvec, device=actions.device)
             bad = (actions < 0) | (actions >= nvec)
             if bool(bad.any()):
                 head = int(bad.reshape(-1, len(self.nvec)).any(0).nonzero()[0])
                 got = int(actions.reshape(-1, len(self.nvec))[:, head][bad.reshape(-1, len(self.nvec))[:, head]][0])
-                raise ActionError(f"actions[..., {head}] must lie in [0, {self.nvec[head]}) for {what}; got {got}")
+                raise ActionError(f"actions[..., {head}] must lie in [0, {self.nvec[head]}) for {self.describe()}; got {got}")
         return actions
 
 
@@ -171,10 +173,9 @@ class Box:
     def check(self, actions: torch.Tensor, num_envs: int, num_agents: int, values: bool | None = None) -> torch.Tensor:
         """-> actions [N, A, *shape]; ActionError for a non-float dtype or a wrong shape (the env clips or
         rejects values outside [low, high] as its dynamics say)."""
-        what = self.describe()
-        actions = _batched(actions, num_envs, num_agents, self.shape, what)
+        actions = _batched(actions, num_envs, num_agents, self)
         if not actions.dtype.is_floating_point:
-            raise ActionError(f"actions must have a floating dtype for {what}; got {str(actions.dtype).replace('torch.', '')}")
+            raise ActionError(f"actions must have a floating dtype for {self.describe()}; got {str(actions.dtype).replace('torch.', '')}")
         return actions
 
     def describe(self) -> str:
