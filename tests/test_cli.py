@@ -1,8 +1,10 @@
 """The command line: errors are one line with exit status 2; commands produce their files."""
 
 import json
+import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -207,3 +209,34 @@ def test_plot_takes_several_runs(tmp_path, capsys):
     assert capsys.readouterr().out.strip() == str(out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert main(["plot", runs[0], str(tmp_path / "nope")]) == 2
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the background plot forks on Linux only")
+def test_closing_plot_in_a_terminal_is_drawn_in_the_background(tmp_path):
+    """`phalanx train` in a terminal returns before the learning curve is drawn (a second of a short run); the
+    file appears whole, and the child writes nothing to the terminal."""
+    import pty
+
+    run = tmp_path / "run"
+    pid, fd = pty.fork()
+    if pid == 0:  # the child's stdout is a terminal, as a user's is
+        os.execv(sys.executable, [sys.executable, "-m", "phalanx", "train", "--env", "cartpole", "--total-steps", "256",
+                                  "--num-envs", "8", "--num-steps", "16", "--progress", "false", "--tensorboard", "false",
+                                  "--run-dir", str(run)])
+    out = b""
+    while True:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:  # the terminal closed: every writer is gone
+            break
+        if not chunk:
+            break
+        out += chunk
+    assert os.waitpid(pid, 0)[1] == 0
+    png = run / "plots" / "learning_curve.png"
+    assert f"learning curve: {png} (drawn in the background)" in out.decode()
+    deadline = time.monotonic() + 60
+    while not png.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in png.parent.iterdir()] == ["learning_curve.png"]  # no temporary file left

@@ -23,7 +23,7 @@ from phalanx.envs.check import check_env
 from phalanx.errors import CheckpointError, ConfigError, MissingExtraError, PhalanxError
 from phalanx.evaluate import evaluate_policy
 from phalanx.league import LEAGUE_FILE, Ratings, load_snapshot
-from phalanx.plot import plot_run, plot_runs
+from phalanx.plot import plot_run, plot_run_in_background, plot_runs
 from phalanx.policy import load
 from phalanx.record import record_episode
 from phalanx.sweep import open_sweep, read_spec, run_sweep
@@ -139,8 +139,12 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     print(f"run directory:  {result.run_dir}")
     print(f"tensorboard:    tensorboard --logdir {result.run_dir / 'tb'}")
 
-    png = plot_run(result.run_dir)
-    print(f"learning curve: {png}")
+    # In a terminal the closing plot is drawn in the background; a script reading the output gets the file
+    # before the command returns.
+    if sys.stdout.isatty():
+        print(f"learning curve: {plot_run_in_background(result.run_dir)} (drawn in the background)")
+    else:
+        print(f"learning curve: {plot_run(result.run_dir)}")
     if "episode_return" in m:
         print(f"final training return: {m['episode_return']:.2f} at step {m['step']:,} ({m['sps']:,.0f} steps/s)")
     if "eval_mean_return" in m:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 from phalanx.errors import PhalanxError
@@ -45,5 +47,35 @@ def plot_runs(run_dirs: list[Path], out: Path) -> Path:
     fig.suptitle(str(runs[0][0]) if len(runs) == 1 else f"{len(runs)} runs")
     # Fixed margins: tight_layout measured every label's text extent (a third of the drawing time).
     fig.subplots_adjust(left=0.06, right=0.98, bottom=0.08, top=0.9, wspace=0.25, hspace=0.35)
-    fig.savefig(out, dpi=90)
+    # Written whole, then renamed: a reader never sees half a PNG (the closing plot may be drawn while the
+    # user already looks for it, see `plot_run_in_background`).
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    fig.savefig(tmp, dpi=90, format=out.suffix.lstrip(".") or "png")
+    os.replace(tmp, out)
     return out
+
+
+def plot_run_in_background(run_dir: Path) -> Path:
+    """`plot_run` in a forked child where the platform forks safely (Linux), so `phalanx train` in a terminal
+    gives the prompt back at once: importing matplotlib and drawing cost a second of a short run (#27).
+    -> where the plot appears. The child draws nothing with torch and exits without the parent's cleanup."""
+    run_dir = Path(run_dir)
+    if sys.platform != "linux":
+        return plot_run(run_dir)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return run_dir / "plots" / "learning_curve.png"
+    code = 1
+    try:
+        # Off the terminal: the shell's next prompt must not receive a late message, nor wait for this child,
+        # and a terminal that closes (SIGHUP to its sessions) does not stop the drawing.
+        os.setsid()
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        plot_run(run_dir)
+        code = 0
+    finally:
+        os._exit(code)

@@ -99,6 +99,8 @@ class Rollout:
                 f"lower num_envs ({cfg.num_envs}) or num_steps ({cfg.num_steps})"
             )
         self.buf = {k: torch.zeros(shape, dtype=dt, device=self.device) for k, (shape, dt) in specs.items()}
+        # Every buffer's rows as views, made once: an eager step's write is one copy, not an index and a copy.
+        self._rows = {k: v.unbind(0) for k, v in self.buf.items()}
         self.record = env.reset(seed=seed)
         # The observation statistics count the reset observations here and every later one once, as it
         # arrives in `collect` (a rollout starts from the observation the previous one already counted).
@@ -205,9 +207,9 @@ class Rollout:
         steps ignore it)."""
         trunc, state = rec.truncated, rec.final_state
         if not self.final_values_whole_batch:
-            envs = trunc.any(-1).nonzero().squeeze(1)
-            if envs.numel() == 0:
+            if not _read(trunc.any()):
                 return next_value
+            envs = trunc.any(-1).nonzero().squeeze(1)
             final = self.value(self.obs_in(rec.final_obs[envs], rows=len(envs)), state[envs] if state is not None else None, envs)
             out = next_value.clone()
             out[envs] = torch.where(trunc[envs], final, next_value[envs])
@@ -346,7 +348,7 @@ class Rollout:
         prev_active = rec.active
         with self.timer.phase("env_step"):
             rec = self._checked(self.env.step(model.head.to_env(action)), t, stats)
-        next_n = self.obs_in(rec.obs, update=True, mask=rec.active & learner)
+        next_n = self.obs_in(rec.obs, update=True, mask=rec.active & learner if self.norms.obs is not None else None)
         reward = rec.reward
         done = rec.terminated | rec.truncated
         if model.memory_critic:
@@ -401,10 +403,10 @@ class Rollout:
         counters.end_envs(env_done)
 
     def _write(self, name: str, t: int | torch.Tensor, x: torch.Tensor) -> None:
-        buf = self.buf[name]
         if isinstance(t, int):
-            buf[t] = x
+            self._rows[name][t].copy_(x)
         else:  # a tensor row index: one graph for every row (an int would be specialised per row)
+            buf = self.buf[name]
             buf.index_copy_(0, t, x.to(buf.dtype).unsqueeze(0))
 
     def _checked(self, rec: StepRecord, t: int | torch.Tensor, stats: dict[str, torch.Tensor]) -> StepRecord:

@@ -102,6 +102,7 @@ class GymVecEnv(VecEnv):
         self.name = f"gym:{env_id}"
         self.num_envs = num_envs
         self.device = torch.device(device)
+        self._on_host = self.device.type == "cpu"
         self.roles = self.default_roles()
         self.observation_space, self._flatten = _map_obs_space(self._single_obs)
         self.action_space = _map_action_space(self._single_act, env_id)
@@ -123,7 +124,8 @@ class GymVecEnv(VecEnv):
         return self._flatten_one(self._single_obs, o) if self._flatten else o
 
     def _tensor(self, host: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(host).to(self.device)
+        t = torch.from_numpy(host)
+        return t if self._on_host else t.to(self.device)
 
     def _batch_obs(self, obs: Any) -> np.ndarray:
         """A vector env's batched observation as [N, 1, *obs_shape] on the host."""
