@@ -111,12 +111,12 @@ class GymVecEnv(VecEnv):
         self._obs_shape = (num_envs, 1, *self.observation_space.shape)
         self._discrete_act = isinstance(self._single_act, (gs.Discrete, gs.MultiDiscrete))
         self._act_start = self._single_act.start if self._discrete_act else 0  # gymnasium spaces may start at non-zero
-        # Python ints for a Discrete space: gymnasium's `contains` checks them several times faster than numpy's.
-        self._int_actions = isinstance(self._single_act, gs.Discrete)
         self._flatten_one = gs.flatten
         # Every step's (constant) flags: records are never written in place.
         self._all_active = torch.ones(num_envs, 1, dtype=torch.bool, device=self.device)
         self._no_trial_end = torch.zeros(num_envs, 1, dtype=torch.bool, device=self.device)
+        self._none_ended = torch.zeros(num_envs, 1, dtype=torch.bool, device=self.device)
+        self._no_episode = torch.zeros(num_envs, 1, device=self.device)
         self._ep_return = [0.0] * num_envs
         self._ep_length = [0] * num_envs
 
@@ -157,69 +157,63 @@ class GymVecEnv(VecEnv):
         return StepRecord(obs=o, reward=zero, terminated=false, truncated=false.clone(),
                           active=~false, trial_end=false.clone(), final_obs=o)
 
-    def _step_copies(self, actions: Any, obs: np.ndarray, columns: np.ndarray, flags: np.ndarray) -> list[tuple[int, Any]]:
-        """Step each copy, writing its observation (the next episode's first where one ended), reward
-        and flags; -> (env index, final observation) of the episodes that ended."""
-        ended = []
+    def _step_copies(self, actions: Any, obs: np.ndarray) -> tuple[list[float], list[tuple[int, Any, bool, bool]]]:
+        """Step each copy, writing its observation (the next episode's first where one ended) into `obs`;
+        -> the rewards, and (env index, final observation, terminated, truncated) of the episodes that ended."""
+        rewards, ended = [], []
+        ret, length, flat = self._ep_return, self._ep_length, self._flatten
         for i, env in enumerate(self.envs):
             o, r, term, trunc, _ = env.step(actions[i])
-            columns[0, i, 0] = r
+            rewards.append(r)
+            ret[i] += r
+            length[i] += 1
             if term or trunc:
-                flags[0, i, 0], flags[1, i, 0] = term, trunc
-                ended.append((i, o))
+                ended.append((i, o, term, trunc))
                 o = env.reset()[0]
-            obs[i, 0] = self._obs_one(o)
-        return ended
+            obs[i, 0] = self._obs_one(o) if flat else o
+        return rewards, ended
 
-    def _step_async(self, actions: Any, obs: np.ndarray, columns: np.ndarray, flags: np.ndarray) -> list[tuple[int, Any]]:
+    def _step_async(self, actions: Any, obs: np.ndarray) -> tuple[list[float], list[tuple[int, Any, bool, bool]]]:
         """As `_step_copies`, through gymnasium's AsyncVectorEnv."""
         batch, reward, terminated, truncated, info = self.vec.step(actions)
         obs[:] = self._batch_obs(batch)
-        columns[0, :, 0] = reward
-        flags[0, :, 0], flags[1, :, 0] = terminated, truncated
-        mask = info.get("_final_obs")
-        return [] if mask is None else [(int(i), info["final_obs"][i]) for i in np.flatnonzero(mask)]
+        rewards = reward.tolist()
+        for i, r in enumerate(rewards):
+            self._ep_return[i] += r
+            self._ep_length[i] += 1
+        final = info["final_obs"] if "_final_obs" in info else None
+        return rewards, [(int(i), final[i], bool(terminated[i]), bool(truncated[i])) for i in np.flatnonzero(terminated | truncated)]
 
     def step(self, actions: torch.Tensor) -> StepRecord:
         # Few host-device conversions a step: at CleanRL's 4 envs each one cost as much as an env's step.
         actions = self.action_space.check(actions, self.num_envs, self.num_agents, values=True)
-        a = actions.detach().cpu().numpy().reshape((self.num_envs, *self._single_act.shape))
+        a = (actions.detach() if actions.requires_grad else actions)
+        a = (a if self._on_host else a.cpu()).numpy().reshape((self.num_envs, *self._single_act.shape))
         if self._discrete_act:
             a = a.astype(np.int64) + self._act_start if self._act_start else a
-            if self._int_actions:
-                a = a.tolist()
         else:
             a = a.astype(self._single_act.dtype)
-        # Fresh host arrays each step (a record is never written in place): the observation, then
-        # reward, episode return and length (where an episode ended, else 0), then terminated, truncated.
+        # Fresh host arrays each step (a record is never written in place); where no episode ended, the
+        # flags and episode statistics are the constant all-false / zero tensors.
         obs = np.empty(self._obs_shape, self._obs_np_dtype)
-        columns = np.zeros((3, self.num_envs, 1), np.float32)
-        flags = np.zeros((2, self.num_envs, 1), bool)
-        ended = self._step_copies(a, obs, columns, flags) if self.vec is None else self._step_async(a, obs, columns, flags)
-        ret, length = self._ep_return, self._ep_length
-        for i in range(self.num_envs):
-            ret[i] += float(columns[0, i, 0])
-            length[i] += 1
-        final = obs
-        if ended:
-            final = obs.copy()
-            for i, o in ended:
-                final[i, 0] = self._obs_one(o)
-                columns[1, i, 0], columns[2, i, 0] = ret[i], length[i]
-                ret[i], length[i] = 0.0, 0
+        rewards, ended = (self._step_copies if self.vec is None else self._step_async)(a, obs)
         o = self._tensor(obs)
-        reward, ep_return, ep_length = self._tensor(columns).unbind(0)
-        terminated, truncated = self._tensor(flags).unbind(0)
-        return StepRecord(
-            obs=o,
-            reward=reward,
-            terminated=terminated,
-            truncated=truncated,
-            active=self._all_active,
-            trial_end=self._no_trial_end,
-            final_obs=o if final is obs else self._tensor(final),
-            info={"episode_return": ep_return, "episode_length": ep_length},
-        )
+        reward = self._tensor(np.array(rewards, np.float32).reshape(self.num_envs, 1))
+        if not ended:
+            return StepRecord(obs=o, reward=reward, terminated=self._none_ended, truncated=self._none_ended,
+                              active=self._all_active, trial_end=self._no_trial_end, final_obs=o,
+                              info={"episode_return": self._no_episode, "episode_length": self._no_episode})
+        final = obs.copy()
+        # Terminated, truncated, episode return and length where an episode ended.
+        columns = np.zeros((4, self.num_envs, 1), np.float32)
+        for i, fo, term, trunc in ended:
+            final[i, 0] = self._obs_one(fo)
+            columns[:, i, 0] = term, trunc, self._ep_return[i], self._ep_length[i]
+            self._ep_return[i], self._ep_length[i] = 0.0, 0
+        terminated, truncated, ep_return, ep_length = self._tensor(columns).unbind(0)
+        return StepRecord(obs=o, reward=reward, terminated=terminated > 0, truncated=truncated > 0, active=self._all_active,
+                          trial_end=self._no_trial_end, final_obs=self._tensor(final),
+                          info={"episode_return": ep_return, "episode_length": ep_length})
 
     def render(self, env_index: int = 0) -> torch.Tensor:
         """Copy `env_index`'s frame from gymnasium's `render()` (render_mode rgb_array)."""

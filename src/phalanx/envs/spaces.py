@@ -39,7 +39,7 @@ def _bounds(actions: torch.Tensor) -> tuple[int, int]:
     """(min, max) of integer actions; on the CPU through the host's own values, which costs a few actions
     a fraction of two torch reductions (a gym adapter checks every step)."""
     if actions.device.type == "cpu":
-        values = actions.detach().numpy()
+        values = (actions.detach() if actions.requires_grad else actions).numpy()
         if values.size <= 64:
             flat = values.ravel().tolist()
             return min(flat), max(flat)
