@@ -859,3 +859,27 @@ def test_training_never_imports_dynamo(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("clip_vloss", [True, False])
+def test_losses_without_a_mask_equal_those_with_an_all_ones_mask_bit_for_bit(clip_vloss):
+    """The CPU trainer drops the mask where every sample is active (no test in each mean): the losses, their
+    gradients and every metric must be what the all-ones mask gives, exactly."""
+    g = torch.Generator().manual_seed(3)
+    n = 128
+    cols = [torch.randn(n, generator=g) for _ in range(4)]
+    full = PPOBatch(torch.zeros(n, 1), torch.zeros(n, 1), torch.zeros(n, dtype=torch.long), *cols, mask=torch.ones(n))
+    none = copy.copy(full)
+    none.mask = None
+    hp = PPOParams(clip_vloss=clip_vloss, ent_coef=0.01)
+    grads, out = [], []
+    for batch in (full, none):
+        newlp, ent, newv = (torch.randn(n, generator=torch.Generator().manual_seed(k)).requires_grad_() for k in (5, 6, 7))
+        loss, metrics = ppo_losses(newlp, ent, newv, batch, hp)
+        loss.backward()
+        grads.append([t.grad for t in (newlp, ent, newv)])
+        out.append({"loss": loss.detach(), **metrics})
+    assert all(torch.equal(out[0][k], out[1][k]) for k in out[0]), {k: (out[0][k], out[1][k]) for k in out[0]}
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    assert torch.equal(explained_variance(cols[3], cols[2], full.mask), explained_variance(cols[3], cols[2], None))
+    assert len(none.index(torch.arange(0, n, 2))) == n // 2 and none.index(torch.arange(4)).mask is None

@@ -52,6 +52,11 @@ def test_rollout_reads_the_host_only_where_reading_is_free():
         for line in code.splitlines():
             if "_read" in line:
                 assert "self.host_branches" in line, line
+    update = _code(Trainer.update)
+    assert "every_step_active()" in update
+    for line in update.splitlines():
+        if "every_step_active" in line:
+            assert "self.rollout.host_branches and" in line, line
     assert "self.host_branches = False" in _code(Rollout.capture) and "self.host_branches = False" in _code(Rollout.use_cuda_graphs)
     assert _code(rollout._read).count("bool(") == 1 and "isfinite(x.sum())" in _code(rollout._read_finite)
 
@@ -76,3 +81,20 @@ def test_rollout_calls_the_policy_once_a_step(tmp_path):
     finally:
         t.close()
     assert calls == {"act_value": 16, "value": 1}
+
+
+def test_cpu_update_drops_the_mask_only_where_every_step_was_active(tmp_path):
+    """Where every learner slot acted at every step (reading which is free on the CPU), the update's batch
+    carries no mask, so no mean tests one; where a slot was inactive, the mask stays."""
+    t = Trainer(resolve(dict(env="cartpole", device="cpu", num_envs=4, num_steps=16, progress=False, tensorboard=False,
+                             run_dir=str(tmp_path / "r"))))
+    try:
+        t.collect()
+        t.update()
+        assert t._last_batch.mask is None
+        t.collect()
+        t.rollout.buf["active"][3, 1] = False  # as a slot that left mid-rollout
+        t.update()
+        assert t._last_batch.mask is not None and t._last_batch.mask.sum() == t._last_batch.mask.numel() - 1
+    finally:
+        t.close()

@@ -434,6 +434,11 @@ class Rollout:
             return (v * self.learner).sum(-1) / self.learner.sum()
         return v.mean(-1)
 
+    def every_step_active(self) -> bool:
+        """Whether every learner slot acted at every step of the last rollout, read on the host as `_read`
+        (call it only where `host_branches`)."""
+        return _read(self.buf["active"].all())
+
     # -- advantages ------------------------------------------------------------------------------
     def advantages(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(advantages, returns) [T, N, A] of the last rollout, by the boundary table."""

@@ -28,7 +28,8 @@ class PPOParams:
 
 @dataclass
 class PPOBatch:
-    """A flat batch of B samples; `mask` is 1 for active agent steps, 0 for excluded ones (no other values)."""
+    """A flat batch of B samples; `mask` is 1 for active agent steps, 0 for excluded ones (no other values),
+    or None where every sample is active."""
 
     obs: torch.Tensor
     critic_obs: torch.Tensor
@@ -37,7 +38,7 @@ class PPOBatch:
     advantages: torch.Tensor
     returns: torch.Tensor
     values: torch.Tensor
-    mask: torch.Tensor
+    mask: torch.Tensor | None
     # Memory policies: which buffer rows these are (to pick their stored memory), the episode starts
     # and the env's own active flags along each segment.
     rows: torch.Tensor | None = None
@@ -54,12 +55,12 @@ class PPOBatch:
         obs = pick(self.obs)
         critic_obs = obs if self.critic_obs is self.obs else pick(self.critic_obs)
         return PPOBatch(obs, critic_obs, *(pick(t) for t in (
-            self.actions, self.logprobs, self.advantages, self.returns, self.values, self.mask,
-        )), *(None if t is None else pick(t) for t in (self.rows, self.resets, self.env_active)))
+            self.actions, self.logprobs, self.advantages, self.returns, self.values,
+        )), *(None if t is None else pick(t) for t in (self.mask, self.rows, self.resets, self.env_active)))
 
 
-def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return _mean_where(x, mask > 0, mask.sum().clamp_min(1.0))
+def masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    return x.mean() if mask is None else _mean_where(x, mask > 0, mask.sum().clamp_min(1.0))
 
 
 def _mean_where(x: torch.Tensor, valid: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
@@ -79,11 +80,15 @@ def ppo_losses(
     clip_coef = hp.clip_coef
     # masked_mean's arithmetic with the mask's test and count made once: eight means a minibatch, and at
     # minibatch 64 on a CPU each op costs more than its arithmetic.
-    valid = batch.mask > 0
-    count = batch.mask.sum().clamp_min(1.0)
+    mask = batch.mask
+    if mask is None:  # every sample active: the same sum over the same count (bit for bit), without the test
+        mean_of = torch.mean
+    else:
+        valid = mask > 0
+        count = mask.sum().clamp_min(1.0)
 
-    def mean_of(x: torch.Tensor) -> torch.Tensor:
-        return _mean_where(x, valid, count)
+        def mean_of(x: torch.Tensor) -> torch.Tensor:
+            return _mean_where(x, valid, count)
 
     adv = batch.advantages
     if hp.norm_adv:
