@@ -10,10 +10,14 @@ from phalanx.errors import PhalanxError
 from phalanx.runs import read_metrics
 
 
+def learning_curve_path(run_dir: Path) -> Path:
+    """Where a run's learning curve is drawn by default."""
+    return Path(run_dir) / "plots" / "learning_curve.png"
+
+
 def plot_run(run_dir: Path, out: Path | None = None) -> Path:
     """Plot episode return and the losses against steps; returns the PNG path."""
-    run_dir = Path(run_dir)
-    return plot_runs([run_dir], out or run_dir / "plots" / "learning_curve.png")
+    return plot_runs([Path(run_dir)], out or learning_curve_path(run_dir))
 
 
 def plot_runs(run_dirs: list[Path], out: Path) -> Path:
@@ -52,8 +56,11 @@ def plot_runs(run_dirs: list[Path], out: Path) -> Path:
     # Written whole, then renamed: a reader never sees half a PNG (the closing plot may be drawn while the
     # user already looks for it, see `plot_run_in_background`).
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    fig.savefig(tmp, dpi=90, format=out.suffix.lstrip(".") or "png")
-    os.replace(tmp, out)
+    try:
+        fig.savefig(tmp, dpi=90, format=out.suffix.lstrip(".") or "png")
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
     return out
 
 
@@ -68,7 +75,7 @@ def plot_run_in_background(run_dir: Path) -> Path:
     sys.stderr.flush()
     pid = os.fork()
     if pid:
-        return run_dir / "plots" / "learning_curve.png"
+        return learning_curve_path(run_dir)
     code = 1
     try:
         # Off the terminal: the shell's next prompt must not receive a late message, nor wait for this child,
