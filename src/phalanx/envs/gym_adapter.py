@@ -114,8 +114,7 @@ class GymVecEnv(VecEnv):
         self._flatten_one = gs.flatten
         # Every step's (constant) flags: records are never written in place.
         self._all_active = torch.ones(num_envs, 1, dtype=torch.bool, device=self.device)
-        self._no_trial_end = torch.zeros(num_envs, 1, dtype=torch.bool, device=self.device)
-        self._none_ended = torch.zeros(num_envs, 1, dtype=torch.bool, device=self.device)
+        self._all_false = torch.zeros(num_envs, 1, dtype=torch.bool, device=self.device)
         self._no_episode = torch.zeros(num_envs, 1, device=self.device)
         self._ep_return = [0.0] * num_envs
         self._ep_length = [0] * num_envs
@@ -200,8 +199,8 @@ class GymVecEnv(VecEnv):
         o = self._tensor(obs)
         reward = self._tensor(np.array(rewards, np.float32).reshape(self.num_envs, 1))
         if not ended:
-            return StepRecord(obs=o, reward=reward, terminated=self._none_ended, truncated=self._none_ended,
-                              active=self._all_active, trial_end=self._no_trial_end, final_obs=o,
+            return StepRecord(obs=o, reward=reward, terminated=self._all_false, truncated=self._all_false,
+                              active=self._all_active, trial_end=self._all_false, final_obs=o,
                               info={"episode_return": self._no_episode, "episode_length": self._no_episode})
         final = obs.copy()
         # Terminated, truncated, episode return and length where an episode ended.
@@ -212,7 +211,7 @@ class GymVecEnv(VecEnv):
             self._ep_return[i], self._ep_length[i] = 0.0, 0
         terminated, truncated, ep_return, ep_length = self._tensor(columns).unbind(0)
         return StepRecord(obs=o, reward=reward, terminated=terminated > 0, truncated=truncated > 0, active=self._all_active,
-                          trial_end=self._no_trial_end, final_obs=self._tensor(final),
+                          trial_end=self._all_false, final_obs=self._tensor(final),
                           info={"episode_return": ep_return, "episode_length": ep_length})
 
     def render(self, env_index: int = 0) -> torch.Tensor:
