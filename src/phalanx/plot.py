@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from pathlib import Path
+from typing import NoReturn
 
 from phalanx.errors import PhalanxError
 from phalanx.runs import read_metrics
@@ -54,7 +56,7 @@ def plot_runs(run_dirs: list[Path], out: Path) -> Path:
     # Fixed margins: tight_layout measured every label's text extent (a third of the drawing time).
     fig.subplots_adjust(left=0.06, right=0.98, bottom=0.08, top=0.9, wspace=0.25, hspace=0.35)
     # Written whole, then renamed: a reader never sees half a PNG (the closing plot may be drawn while the
-    # user already looks for it, see `plot_run_in_background`).
+    # user already looks for it, see `ClosingPlot`).
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
         fig.savefig(tmp, dpi=90, format=out.suffix.lstrip(".") or "png")
@@ -64,27 +66,122 @@ def plot_runs(run_dirs: list[Path], out: Path) -> Path:
     return out
 
 
-def plot_run_in_background(run_dir: Path) -> Path:
-    """`plot_run` in a forked child where the platform forks safely (Linux), so `phalanx train` in a terminal
-    gives the prompt back at once: importing matplotlib and drawing cost a second of a short run (#27).
-    -> where the plot appears. The child draws nothing with torch and exits without the parent's cleanup."""
-    run_dir = Path(run_dir)
-    if sys.platform != "linux":
-        return plot_run(run_dir)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid:
+class ClosingPlot:
+    """The learning curve `phalanx train` draws when it ends, by a child forked before training where the
+    platform forks safely (Linux, one Python thread): the child imports matplotlib while the run trains, so
+    the plot costs the end of a run its drawing only (importing matplotlib was most of a second, #27).
+    Elsewhere the plot is drawn in this process when asked. Use it as a context manager: leaving it
+    without `draw` (a failed run) lets the child go."""
+
+    def __init__(self) -> None:
+        self.pid: int | None = None
+        self._ask: int | None = None  # run directory, parent -> child
+        self._answer: int | None = None  # "" when drawn, else the error; child -> parent
+        if sys.platform != "linux" or threading.active_count() > 1:
+            return
+        ask_r, ask_w = os.pipe()
+        answer_r, answer_w = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            _plot_child(ask_r, answer_w, close=(ask_w, answer_r))
+        os.close(ask_r)
+        os.close(answer_w)
+        self.pid, self._ask, self._answer = pid, ask_w, answer_r
+
+    def __enter__(self) -> ClosingPlot:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def draw(self, run_dir: Path, wait: bool = True) -> Path:
+        """Draw the run's learning curve -> its path. `wait=False` returns at once (the plot appears a
+        moment later); otherwise the file is there on return."""
+        run_dir = Path(run_dir)
+        if self.pid is None:
+            return plot_run(run_dir) if wait else _plot_in_background(run_dir)
+        assert self._ask is not None and self._answer is not None
+        try:
+            os.write(self._ask, os.fsencode(str(run_dir.resolve())) + b"\n")
+        except BrokenPipeError:  # the child is gone (killed, or it could not start): draw here
+            self.close()
+            return plot_run(run_dir) if wait else _plot_in_background(run_dir)
+        os.close(self._ask)
+        self._ask = None
+        if not wait:
+            return learning_curve_path(run_dir)
+        with os.fdopen(self._answer, "rb") as answer:
+            self._answer = None
+            reply = answer.read()
+        os.waitpid(self.pid, 0)
+        self.pid = None
+        if reply == b"":  # the child died before it answered
+            return plot_run(run_dir)
+        if reply != b"ok":
+            raise PhalanxError(reply.decode(errors="replace"))
         return learning_curve_path(run_dir)
+
+    def close(self) -> None:
+        """Let the child go (it exits when its request pipe closes); reap it if it already has."""
+        for fd in (self._ask, self._answer):
+            if fd is not None:
+                os.close(fd)
+        self._ask = self._answer = None
+        if self.pid is not None:
+            try:
+                os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+            self.pid = None
+
+
+def _plot_child(ask: int, answer: int, close: tuple[int, ...] = ()) -> NoReturn:
+    """A forked child: import, wait for a run directory on `ask`, draw it, answer on `answer`, exit (never
+    returning into the parent's code, never running its cleanup). `close`: the parent's ends of the pipes."""
     code = 1
     try:
-        # Off the terminal: the shell's next prompt must not receive a late message, nor wait for this child,
-        # and a terminal that closes (SIGHUP to its sessions) does not stop the drawing.
+        for fd in close:
+            os.close(fd)
+        # Its own session, stdio on /dev/null: the terminal's Ctrl-C is the parent's to handle, a closed
+        # terminal does not stop the drawing, and a pipe reading the parent's output ends with the parent.
         os.setsid()
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)
-        plot_run(run_dir)
+        try:
+            import matplotlib.backends.backend_agg  # noqa: F401  (the wait's purpose: imported ahead)
+            import matplotlib.figure  # noqa: F401
+        except Exception:  # reported when a plot is asked for
+            pass
+        with os.fdopen(ask, "rb") as requests:
+            request = requests.readline().strip()
+        if request:
+            try:
+                plot_run(Path(os.fsdecode(request)))
+                reply = b"ok"
+            except Exception as e:
+                reply = str(e).encode() or type(e).__name__.encode()
+            try:
+                os.write(answer, reply)
+            except BrokenPipeError:  # nobody waits for it (drawn in the background)
+                pass
         code = 0
     finally:
         os._exit(code)
+
+
+def _plot_in_background(run_dir: Path) -> Path:
+    """`plot_run` in a child forked now (where the platform forks safely, else here) -> where the plot
+    appears."""
+    if sys.platform != "linux" or threading.active_count() > 1:
+        return plot_run(run_dir)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if os.fork():
+        return learning_curve_path(run_dir)
+    ask_r, ask_w = os.pipe()
+    os.write(ask_w, os.fsencode(str(Path(run_dir).resolve())) + b"\n")
+    os.close(ask_w)
+    _plot_child(ask_r, os.open(os.devnull, os.O_WRONLY))
