@@ -830,6 +830,61 @@ def test_adam_steps_as_torch_adam_does(form, tensor_lr):
     assert all(float(opt.state[p]["step"]) == 50 for p in ours)
 
 
+@pytest.mark.parametrize("form", ["fused", "foreach", "per_tensor"])
+def test_adam_marks_the_parameters_changed(form):
+    """Every form bumps the parameters' version counters, as an in-place op does: torch's fused kernel
+    alone did not, so autograd and the rollout's packed weights could not tell the parameters changed."""
+    params = [torch.randn(4, 3), torch.randn(3)]
+    opt = Adam(params, lr=1e-2)
+    before = [p._version for p in params]
+    adam_update(opt, [torch.ones_like(p) for p in params], form)
+    assert all(p._version > v for p, v in zip(params, before))
+
+
+@pytest.mark.parametrize("space", [Discrete(3), Box.uniform(-1.0, 1.0, (2,))], ids=["discrete", "box"])
+@pytest.mark.parametrize("agent_id", [False, True])
+def test_packed_act_value_is_act_and_value_through_updates_and_loads(space, agent_id):
+    """The rollout's act_value runs actor and critic as one packed MLP on small CPU batches: the same
+    actions, log-probs and values as `act` and `value`, after an optimizer step and a load_state_dict too
+    (the packed weights are cached)."""
+    torch.manual_seed(0)
+    model = MLPActorCritic(6, space, (32, 16), "tanh", num_agents=2, agent_id=agent_id)
+    obs = torch.randn(4, 2, 6)
+
+    def agree() -> None:
+        with torch.no_grad():
+            assert model._packed_inference(obs)
+            a, lp, v = model.act_value(obs, torch.Generator().manual_seed(5))
+            a_ref, lp_ref = model.act(obs, torch.Generator().manual_seed(5))
+            v_ref = model.value(obs)
+        torch.testing.assert_close(a, a_ref, rtol=0, atol=1e-6)
+        torch.testing.assert_close(lp, lp_ref, rtol=0, atol=1e-6)
+        torch.testing.assert_close(v, v_ref, rtol=0, atol=1e-6)
+
+    agree()
+    opt = Adam(list(model.parameters()), lr=0.5)
+    for form in ("fused", "foreach"):
+        adam_update(opt, [torch.randn_like(p) for p in model.parameters()], form)
+        agree()
+    other = MLPActorCritic(6, space, (32, 16), "tanh", num_agents=2, agent_id=agent_id)
+    model.load_state_dict(other.state_dict())
+    agree()
+    with torch.no_grad():
+        model.critic[0].weight.mul_(3.0)
+    agree()
+
+
+def test_categorical_sample_draws_what_the_clamped_gumbel_form_drew():
+    """Gumbel-max as logits - log(-log u): the same actions as logits + (-log(clamp(-log(clamp(u))))), the
+    form it replaced, for every u but exactly 0."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(2048, 5, generator=g) * 3
+    u = torch.rand(2048, 5, generator=torch.Generator().manual_seed(9))
+    gumbel = -torch.log((-torch.log(u.clamp_min(1e-20))).clamp_min(1e-20))
+    clamped = (logits + gumbel).argmax(-1)
+    assert torch.equal(D.categorical_sample(logits, torch.Generator().manual_seed(9)), clamped)
+
+
 def test_adam_state_dict_round_trip_restores_the_trajectory():
     g = torch.Generator().manual_seed(1)
     params = [torch.randn(4, generator=g)]

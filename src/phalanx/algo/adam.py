@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 import torch
+from torch.autograd.graph import increment_version
 
 _ONE = torch.ones(())
 
@@ -108,6 +109,9 @@ def adam_update(optimizer: AdamState, grads: list[torch.Tensor], form: str | Non
         torch._foreach_add_(steps, _ONE if steps[0].is_cpu else 1.0)
         torch._fused_adam_(params, grads, exp_avgs, exp_avg_sqs, [], steps, lr=group["lr"], beta1=beta1, beta2=beta2,
                            weight_decay=0.0, eps=group["eps"], amsgrad=False, maximize=False)
+        # The fused kernel leaves the parameters' version counters as they were (torch 2.13): autograd could
+        # not tell they changed, nor could the rollout's packed weights (`MLPActorCritic.act_value`).
+        increment_version(params)
         return
     if per_tensor:
         for m, v, g, s in zip(exp_avgs, exp_avg_sqs, grads, steps):

@@ -20,8 +20,9 @@ MASKED_LOGIT = _NEG  # an action a slot may not take
 
 def categorical_sample(logits: torch.Tensor, generator: Source) -> torch.Tensor:
     u = uniform(generator, logits.shape, logits.device, logits.dtype)
-    gumbel = -torch.log((-torch.log(u.clamp_min(1e-20))).clamp_min(1e-20))
-    return (logits + gumbel).argmax(-1)
+    # Gumbel-max: argmax(logits + G) with G = -log(-log u), written as a difference (the same numbers, three
+    # operations fewer a step than with clamps, #27). u = 0 (a 2^-24 chance) gives -inf: never drawn.
+    return (logits - torch.log(u).neg_().log_()).argmax(-1)
 
 
 def categorical_log_prob(logits: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
