@@ -77,7 +77,7 @@ class ClosingPlot:
         self.pid: int | None = None
         self._ask: int | None = None  # run directory, parent -> child
         self._answer: int | None = None  # "" when drawn, else the error; child -> parent
-        if sys.platform != "linux" or threading.active_count() > 1:
+        if not _forks_safely():
             return
         ask_r, ask_w = os.pipe()
         answer_r, answer_w = os.pipe()
@@ -137,6 +137,12 @@ class ClosingPlot:
             self.pid = None
 
 
+def _forks_safely() -> bool:
+    """Linux, and no other Python thread: a thread holding a lock at the fork would leave it held forever
+    in the child."""
+    return sys.platform == "linux" and threading.active_count() == 1
+
+
 def _plot_child(ask: int, answer: int, close: tuple[int, ...] = ()) -> NoReturn:
     """A forked child: import, wait for a run directory on `ask`, draw it, answer on `answer`, exit (never
     returning into the parent's code, never running its cleanup). `close`: the parent's ends of the pipes."""
@@ -175,7 +181,7 @@ def _plot_child(ask: int, answer: int, close: tuple[int, ...] = ()) -> NoReturn:
 def _plot_in_background(run_dir: Path) -> Path:
     """`plot_run` in a child forked now (where the platform forks safely, else here) -> where the plot
     appears."""
-    if sys.platform != "linux" or threading.active_count() > 1:
+    if not _forks_safely():
         return plot_run(run_dir)
     sys.stdout.flush()
     sys.stderr.flush()
