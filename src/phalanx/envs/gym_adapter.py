@@ -203,14 +203,18 @@ class GymVecEnv(VecEnv):
                               active=self._all_active, trial_end=self._all_false, final_obs=o,
                               info={"episode_return": self._no_episode, "episode_length": self._no_episode})
         final = obs.copy()
-        # Terminated, truncated, episode return and length where an episode ended.
-        columns = np.zeros((4, self.num_envs, 1), np.float32)
+        # Terminated and truncated flags, episode return and length where an episode ended, made on the host
+        # (torch comparisons of float columns cost a CartPole step's worth).
+        flags = np.zeros((2, self.num_envs, 1), np.bool_)
+        episode = np.zeros((2, self.num_envs, 1), np.float32)
         for i, fo, term, trunc in ended:
             final[i, 0] = self._obs_one(fo)
-            columns[:, i, 0] = term, trunc, self._ep_return[i], self._ep_length[i]
+            flags[0, i, 0], flags[1, i, 0] = term, trunc
+            episode[0, i, 0], episode[1, i, 0] = self._ep_return[i], self._ep_length[i]
             self._ep_return[i], self._ep_length[i] = 0.0, 0
-        terminated, truncated, ep_return, ep_length = self._tensor(columns).unbind(0)
-        return StepRecord(obs=o, reward=reward, terminated=terminated > 0, truncated=truncated > 0, active=self._all_active,
+        terminated, truncated = self._tensor(flags)
+        ep_return, ep_length = self._tensor(episode)
+        return StepRecord(obs=o, reward=reward, terminated=terminated, truncated=truncated, active=self._all_active,
                           trial_end=self._all_false, final_obs=self._tensor(final),
                           info={"episode_return": ep_return, "episode_length": ep_length})
 
