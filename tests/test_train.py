@@ -320,6 +320,48 @@ def test_trains_on_a_gymnasium_env_through_the_adapter(tmp_path):
 
 
 @pytest.mark.parametrize("model", ["mlp", "lstm"])
+def test_quiet_records_are_what_they_claim_and_skipping_their_tests_changes_nothing(tmp_path, monkeypatch, model):
+    """The gym adapter marks a step where no episode ended `quiet` (StepRecord.quiet), and the rollout then
+    skips its end-of-episode tests: its flags must be all false and every slot active, and a run that
+    ignores the hint must fill the same buffers and count the same episodes."""
+    from dataclasses import replace
+
+    from phalanx.config import resolve
+    from phalanx.envs.gym_adapter import GymVecEnv
+    from phalanx.trainer import Trainer
+
+    step = GymVecEnv.step
+    seen = {"quiet": 0, "loud": 0}
+
+    def checked(self, actions):
+        rec = step(self, actions)
+        if rec.quiet:
+            assert not rec.terminated.any() and not rec.truncated.any() and rec.active.all()
+        seen["quiet" if rec.quiet else "loud"] += 1
+        return rec
+
+    def ignored(self, actions):
+        return replace(step(self, actions), quiet=False)
+
+    runs = {}
+    for name, fn in (("hint", checked), ("no_hint", ignored)):
+        monkeypatch.setattr(GymVecEnv, "step", fn)
+        t = Trainer(resolve(dict(env="gym:CartPole-v1", model=model, total_steps=2048, seed=5, run_dir=str(tmp_path / name),
+                                 **{**SMALL, "num_envs": 4, "num_steps": 64})))
+        try:
+            stats = [{k: v.clone() for k, v in t.collect().items()} for _ in range(3)]
+            runs[name] = (stats, {k: v.clone() for k, v in t.rollout.buf.items()})
+        finally:
+            t.close()
+    assert seen["quiet"] > seen["loud"] > 0  # both kinds met, episodes ended
+    (stats_a, buf_a), (stats_b, buf_b) = runs["hint"], runs["no_hint"]
+    assert sum(float(s["episodes"]) for s in stats_a) > 0
+    for a, b in zip(stats_a, stats_b):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), (a, b)
+    assert all(torch.equal(buf_a[k], buf_b[k]) for k in buf_a)
+
+
+@pytest.mark.parametrize("model", ["mlp", "lstm"])
 def test_bf16_autocast_trains_with_float32_buffers_and_losses(tmp_path, model):
     from phalanx.config import resolve
     from phalanx.trainer import Trainer

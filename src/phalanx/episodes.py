@@ -19,12 +19,16 @@ class EpisodeCounters:
 
     def step(self, reward: torch.Tensor, done: torch.Tensor, prev_active: torch.Tensor) -> torch.Tensor:
         """Add one step's rewards (of the slots that acted); -> [N] bool: the env's episode ended."""
+        self.add(reward, prev_active)
+        return env_ended(done, prev_active)
+
+    def add(self, reward: torch.Tensor, prev_active: torch.Tensor) -> None:
+        """Add one step's rewards and lengths (of the slots that acted)."""
         earned = reward * prev_active
         self.slot_return += earned
         self.slot_length += prev_active
         self.team_return += earned.sum(-1)
         self.env_length += 1
-        return (done | ~prev_active).all(-1)
 
     def end_slots(self, done: torch.Tensor) -> None:
         self.slot_return.masked_fill_(done, 0.0)
@@ -46,3 +50,8 @@ class EpisodeCounters:
         self.team_return = tensors["team_return"].to(dev)
         if "env_length" in tensors:
             self.env_length = tensors["env_length"].to(dev)
+
+
+def env_ended(done: torch.Tensor, prev_active: torch.Tensor) -> torch.Tensor:
+    """[N] bool: the env's episode ended at this step (every slot done or already inactive)."""
+    return (done | ~prev_active).all(-1)

@@ -21,7 +21,7 @@ from phalanx.config import Config
 from phalanx.draws import Draws
 from phalanx.envs.base import StepRecord, VecEnv
 from phalanx.envs.spaces import Box
-from phalanx.episodes import EpisodeCounters
+from phalanx.episodes import EpisodeCounters, env_ended
 from phalanx.errors import ConfigError
 from phalanx.graphs import Carried, check_graphs, warm_stream
 from phalanx.league import League
@@ -345,26 +345,29 @@ class Rollout:
         self._write("logprobs", t, logp)
         self._write("values", t, value)
         self._write("active", t, acting)
-        prev_active = rec.active
+        prev_active, prev_quiet = rec.active, rec.quiet
         with self.timer.phase("env_step"):
             rec = self._checked(self.env.step(model.head.to_env(action)), t, stats)
         next_n = self.obs_in(rec.obs, update=True, mask=rec.active & learner if self.norms.obs is not None else None)
         reward = rec.reward
-        done = rec.terminated | rec.truncated
+        # A quiet record's flags are all false (StepRecord.quiet): nothing ended, nothing was truncated.
+        done = rec.terminated if rec.quiet else rec.terminated | rec.truncated
         if model.memory_critic:
             # Until the last step, what follows is valued by the next step's act_step (same memory, no
             # reset where the episode goes on): those entries are filled in after the loop.
             ahead = self.value(next_n, None) if t == cfg.num_steps - 1 else torch.zeros_like(reward)
-            self._write("next_values", t, self.final_values(rec, ahead))
+            self._write("next_values", t, ahead if rec.quiet else self.final_values(rec, ahead))
         else:  # filled in after the loop where not truncated (see _collect)
-            self._write("next_values", t, self.final_values(rec, self._no_value))
+            self._write("next_values", t, self._no_value if rec.quiet else self.final_values(rec, self._no_value))
         if model.recurrent:
             self.prev_done = done
-        env_done = counters.step(reward, done, prev_active)
+        counters.add(reward, prev_active)
         # The league counts every step; the rest only matters where a slot is done (or a slot left, so an
-        # env's episode may have ended).
-        if self.league is not None or not self.host_branches or _read(env_done.any() | done.any()):
-            self._count_episodes(rec, done, env_done, acting, stats)
+        # env's episode may have ended): never after two quiet records (every slot active before, none done).
+        if self.league is not None or not (rec.quiet and prev_quiet):
+            env_done = env_ended(done, prev_active)
+            if self.league is not None or not self.host_branches or _read(env_done.any() | done.any()):
+                self._count_episodes(rec, done, env_done, acting, stats)
         if cfg.team_reward > 0:
             w = cfg.team_reward
             team = (reward * prev_active).sum(-1, keepdim=True) / prev_active.sum(-1, keepdim=True).clamp_min(1)

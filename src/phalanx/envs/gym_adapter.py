@@ -201,7 +201,7 @@ class GymVecEnv(VecEnv):
         if not ended:
             return StepRecord(obs=o, reward=reward, terminated=self._all_false, truncated=self._all_false,
                               active=self._all_active, trial_end=self._all_false, final_obs=o,
-                              info={"episode_return": self._no_episode, "episode_length": self._no_episode})
+                              info={"episode_return": self._no_episode, "episode_length": self._no_episode}, quiet=True)
         final = obs.copy()
         # Terminated and truncated flags, episode return and length where an episode ended, made on the host
         # (torch comparisons of float columns cost a CartPole step's worth).
