@@ -76,7 +76,7 @@ class ClosingPlot:
     def __init__(self) -> None:
         self.pid: int | None = None
         self._ask: int | None = None  # run directory, parent -> child
-        self._answer: int | None = None  # "" when drawn, else the error; child -> parent
+        self._answer: int | None = None  # "ok" when drawn, else the error; child -> parent
         if not _forks_safely():
             return
         ask_r, ask_w = os.pipe()
@@ -97,17 +97,17 @@ class ClosingPlot:
         self.close()
 
     def draw(self, run_dir: Path, wait: bool = True) -> Path:
-        """Draw the run's learning curve -> its path. `wait=False` returns at once (the plot appears a
-        moment later); otherwise the file is there on return."""
+        """Draw the run's learning curve -> its path. `wait=False` returns at once where a child draws (the
+        plot appears a moment later); otherwise, and without a child, the file is there on return."""
         run_dir = Path(run_dir)
         if self.pid is None:
-            return plot_run(run_dir) if wait else _plot_in_background(run_dir)
+            return plot_run(run_dir)
         assert self._ask is not None and self._answer is not None
         try:
             os.write(self._ask, os.fsencode(str(run_dir.resolve())) + b"\n")
         except BrokenPipeError:  # the child is gone (killed, or it could not start): draw here
             self.close()
-            return plot_run(run_dir) if wait else _plot_in_background(run_dir)
+            return plot_run(run_dir)
         os.close(self._ask)
         self._ask = None
         if not wait:
@@ -143,7 +143,7 @@ def _forks_safely() -> bool:
     return sys.platform == "linux" and threading.active_count() == 1
 
 
-def _plot_child(ask: int, answer: int, close: tuple[int, ...] = ()) -> NoReturn:
+def _plot_child(ask: int, answer: int, close: tuple[int, ...]) -> NoReturn:
     """A forked child: import, wait for a run directory on `ask`, draw it, answer on `answer`, exit (never
     returning into the parent's code, never running its cleanup). `close`: the parent's ends of the pipes."""
     code = 1
@@ -177,17 +177,3 @@ def _plot_child(ask: int, answer: int, close: tuple[int, ...] = ()) -> NoReturn:
     finally:
         os._exit(code)
 
-
-def _plot_in_background(run_dir: Path) -> Path:
-    """`plot_run` in a child forked now (where the platform forks safely, else here) -> where the plot
-    appears."""
-    if not _forks_safely():
-        return plot_run(run_dir)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if os.fork():
-        return learning_curve_path(run_dir)
-    ask_r, ask_w = os.pipe()
-    os.write(ask_w, os.fsencode(str(Path(run_dir).resolve())) + b"\n")
-    os.close(ask_w)
-    _plot_child(ask_r, os.open(os.devnull, os.O_WRONLY))
