@@ -176,4 +176,3 @@ def _plot_child(ask: int, answer: int, close: tuple[int, ...]) -> NoReturn:
         code = 0
     finally:
         os._exit(code)
-
