@@ -206,6 +206,8 @@ class Rollout:
         else `next_value`, V of the observation that follows, also across a trial end (terminated
         steps ignore it)."""
         trunc, state = rec.truncated, rec.final_state
+        if rec.quiet:  # nothing truncated (StepRecord.quiet)
+            return next_value
         if not self.final_values_whole_batch:
             if not _read(trunc.any()):
                 return next_value
@@ -356,9 +358,9 @@ class Rollout:
             # Until the last step, what follows is valued by the next step's act_step (same memory, no
             # reset where the episode goes on): those entries are filled in after the loop.
             ahead = self.value(next_n, None) if t == cfg.num_steps - 1 else torch.zeros_like(reward)
-            self._write("next_values", t, ahead if rec.quiet else self.final_values(rec, ahead))
+            self._write("next_values", t, self.final_values(rec, ahead))
         else:  # filled in after the loop where not truncated (see _collect)
-            self._write("next_values", t, self._no_value if rec.quiet else self.final_values(rec, self._no_value))
+            self._write("next_values", t, self.final_values(rec, self._no_value))
         if model.recurrent:
             self.prev_done = done
         counters.add(reward, prev_active)
