@@ -189,6 +189,33 @@ def test_gym_adapter_matches_plain_gymnasium():
     env.close()
 
 
+@pytest.mark.parametrize("where", ["obs", "reward", "final_obs"])
+def test_gym_adapter_vouches_for_finite_records_only(where):
+    """StepRecord.finite lets the trainer skip its own test, so it must be False wherever a number is not."""
+    env = penvs.make("gym:CartPole-v1", num_envs=3, seed=0)
+    env.reset()
+    inner = env.envs[1]
+    step = inner.step
+
+    def broken(action):
+        obs, reward, term, trunc, info = step(action)
+        if where == "reward":
+            reward = float("nan")
+        else:  # a NaN final observation comes with the episode's end
+            obs, term = obs * np.nan, term or where == "final_obs"
+        return obs, reward, term, trunc, info
+
+    zeros = torch.zeros(3, 1, dtype=torch.long)
+    assert env.step(zeros).finite
+    inner.step = broken
+    rec = env.step(zeros)
+    assert not rec.finite
+    assert not all(torch.isfinite(getattr(rec, where)).all() for where in ("obs", "reward", "final_obs"))
+    inner.step = step
+    assert env.step(zeros).finite
+    env.close()
+
+
 def test_gym_adapter_box_actions():
     env = penvs.make("gym:Pendulum-v1", num_envs=2, seed=0)
     assert isinstance(env.action_space, Box) and env.action_space.shape == (1,)

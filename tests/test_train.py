@@ -322,8 +322,8 @@ def test_trains_on_a_gymnasium_env_through_the_adapter(tmp_path):
 @pytest.mark.parametrize("model", ["mlp", "lstm"])
 def test_quiet_records_are_what_they_claim_and_skipping_their_tests_changes_nothing(tmp_path, monkeypatch, model):
     """The gym adapter marks a step where no episode ended `quiet` (StepRecord.quiet), and the rollout then
-    skips its end-of-episode tests: its flags must be all false and every slot active, and a run that
-    ignores the hint must fill the same buffers and count the same episodes."""
+    skips its end-of-episode tests and writes: its flags must be all false and every slot active, and a
+    run that ignores the hint (and `finite`) must fill the same buffers and count the same episodes."""
     from dataclasses import replace
 
     from phalanx.config import resolve
@@ -336,12 +336,12 @@ def test_quiet_records_are_what_they_claim_and_skipping_their_tests_changes_noth
     def checked(self, actions):
         rec = step(self, actions)
         if rec.quiet:
-            assert not rec.terminated.any() and not rec.truncated.any() and rec.active.all()
+            assert not (rec.terminated.any() or rec.truncated.any() or rec.trial_end.any()) and rec.active.all()
         seen["quiet" if rec.quiet else "loud"] += 1
         return rec
 
     def ignored(self, actions):
-        return replace(step(self, actions), quiet=False)
+        return replace(step(self, actions), quiet=False, finite=False)
 
     runs = {}
     for name, fn in (("hint", checked), ("no_hint", ignored)):

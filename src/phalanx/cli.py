@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
 import json
 import os
 import sys
@@ -476,14 +475,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1
 
 
-def run() -> None:
-    """The `phalanx` command: `main`, then exit with its status."""
-    code = main()
-    # Python's last collection at exit walks every object torch's import made: 0.75 s of a 20-second
-    # training run (#27). Frozen, they are skipped; nothing of ours waits on a collection to finish.
-    gc.freeze()
-    sys.exit(code)
-
-
 if __name__ == "__main__":
-    run()
+    sys.exit(main())

@@ -26,9 +26,13 @@ class StepRecord:
     where every slot is done or was already inactive. `info` values are read where the env's
     episode ended (e.g. info["houses_saved"] [N]) and averaged into the update's metrics.
 
-    `quiet`: True where the env knows on the host, at no cost, that terminated and truncated are all
-    false and active all true (a host env's step where no episode ended): the trainer then skips its
-    end-of-episode tests, which on a small CPU batch cost more than the env's own step. False: not known.
+    `quiet`: True where the env knows on the host, at no cost, that terminated, truncated and trial_end
+    are all false and active all true (a host env's step where nothing ended): the trainer then skips its
+    end-of-episode tests and writes, which on a small CPU batch cost more than the env's own step.
+    False: not known.
+    `finite`: True where the env checked on the host that every number in obs, final_obs, reward, state
+    and final_state is finite (cheap there, on its own arrays): the trainer then skips its own test.
+    False: not known, the trainer tests.
     """
 
     obs: torch.Tensor
@@ -42,6 +46,7 @@ class StepRecord:
     final_state: torch.Tensor | None = None
     info: dict[str, torch.Tensor] = field(default_factory=dict)
     quiet: bool = False
+    finite: bool = False
 
 
 class VecEnv:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -11,6 +12,12 @@ from phalanx.envs.base import StepRecord, VecEnv
 from phalanx.envs.registry import register_prefix
 from phalanx.envs.spaces import Box, Discrete, MultiDiscrete, Space
 from phalanx.errors import ConfigError
+
+
+def _finite(values: np.ndarray) -> bool:
+    """Whether every element is finite: by the sum, finite exactly where every element is unless it
+    overflows (then False, and the trainer's exact test decides)."""
+    return math.isfinite(values.sum())
 
 
 def _torch_dtype(dtype: Any) -> torch.dtype:
@@ -196,12 +203,15 @@ class GymVecEnv(VecEnv):
         # flags and episode statistics are the constant all-false / zero tensors.
         obs = np.empty(self._obs_shape, self._obs_np_dtype)
         rewards, ended = (self._step_copies if self.vec is None else self._step_async)(a, obs)
-        o = self._tensor(obs)
-        reward = self._tensor(np.array(rewards, np.float32).reshape(self.num_envs, 1))
+        rewards_np = np.array(rewards, np.float32).reshape(self.num_envs, 1)
+        o, reward = self._tensor(obs), self._tensor(rewards_np)
+        # Tested here on the host's arrays: a third of the trainer's torch test of the tensors (#27).
+        finite = _finite(obs) and _finite(rewards_np)
         if not ended:
             return StepRecord(obs=o, reward=reward, terminated=self._all_false, truncated=self._all_false,
                               active=self._all_active, trial_end=self._all_false, final_obs=o,
-                              info={"episode_return": self._no_episode, "episode_length": self._no_episode}, quiet=True)
+                              info={"episode_return": self._no_episode, "episode_length": self._no_episode},
+                              quiet=True, finite=finite)
         final = obs.copy()
         # Terminated and truncated flags, episode return and length where an episode ended, made on the host
         # (torch comparisons of float columns cost a CartPole step's worth).
@@ -216,7 +226,7 @@ class GymVecEnv(VecEnv):
         ep_return, ep_length = self._tensor(episode)
         return StepRecord(obs=o, reward=reward, terminated=terminated, truncated=truncated, active=self._all_active,
                           trial_end=self._all_false, final_obs=self._tensor(final),
-                          info={"episode_return": ep_return, "episode_length": ep_length})
+                          info={"episode_return": ep_return, "episode_length": ep_length}, finite=finite and _finite(final))
 
     def render(self, env_index: int = 0) -> torch.Tensor:
         """Copy `env_index`'s frame from gymnasium's `render()` (render_mode rgb_array)."""

@@ -114,9 +114,10 @@ PACKED_MAX_ROWS = 64
 
 
 def _pack_layers(actor: MLP, critic: MLP) -> list[tuple[torch.Tensor, torch.Tensor, nn.Module | None]]:
-    """[(weight [out, in], bias, activation or None)] of one MLP computing both side by side: the first
+    """[(weight.t() [in, out], bias, activation or None)] of one MLP computing both side by side: the first
     layer's outputs stacked, later layers block-diagonal; the last layer's outputs are the actor's then
-    the critic's."""
+    the critic's. Weights are transposed as views, as nn.Linear passes them: the same matmul kernel, so
+    the same numbers as the two MLPs."""
     layers = []
     pairs = list(zip(actor, critic))
     for i, (a, c) in enumerate(pairs):
@@ -124,7 +125,7 @@ def _pack_layers(actor: MLP, critic: MLP) -> list[tuple[torch.Tensor, torch.Tens
             continue
         weight = torch.cat([a.weight, c.weight]) if i == 0 else torch.block_diag(a.weight, c.weight)
         activation = pairs[i + 1][0] if i + 1 < len(pairs) else None
-        layers.append((weight, torch.cat([a.bias, c.bias]), activation))
+        layers.append((weight.t(), torch.cat([a.bias, c.bias]), activation))
     return layers
 
 
@@ -296,9 +297,8 @@ class MLPActorCritic(nn.Module):
                 self._packed_key = key
             layers = self._packed_layers
         h = x.reshape(-1, x.shape[-1])
-        for weight, bias, activation in layers:
-            # Transposed as a view, as nn.Linear passes it: the same matmul kernel, so the same numbers.
-            h = torch.addmm(bias, h, weight.t())
+        for weight_t, bias, activation in layers:
+            h = torch.addmm(bias, h, weight_t)
             if activation is not None:
                 h = activation.forward(h)
         rows = x.shape[:-1]
