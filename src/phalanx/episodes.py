@@ -22,12 +22,17 @@ class EpisodeCounters:
         self.add(reward, prev_active)
         return env_ended(done, prev_active)
 
-    def add(self, reward: torch.Tensor, prev_active: torch.Tensor) -> None:
-        """Add one step's rewards and lengths (of the slots that acted)."""
-        earned = reward * prev_active
-        self.slot_return += earned
-        self.slot_length += prev_active
-        self.team_return += earned.sum(-1)
+    def add(self, reward: torch.Tensor, prev_active: torch.Tensor | None) -> None:
+        """Add one step's rewards and lengths (of the slots that acted; None: every slot did)."""
+        if prev_active is None:  # no bool-to-float mask: at a few envs on a CPU, a third of this (#27)
+            self.slot_return += reward
+            self.slot_length += 1
+            self.team_return += reward.sum(-1)
+        else:
+            earned = reward * prev_active
+            self.slot_return += earned
+            self.slot_length += prev_active
+            self.team_return += earned.sum(-1)
         self.env_length += 1
 
     def end_slots(self, done: torch.Tensor) -> None:

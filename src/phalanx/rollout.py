@@ -176,7 +176,8 @@ class Rollout:
         normalised where `norm_obs` is on (`update` folds them into the statistics first)."""
         if self.model.obs_is_image:
             return obs
-        x = obs.reshape(rows or self.N, self.A, -1).float()
+        # [N, A, features] already (as every flat observation space gives): no reshape, one view fewer a step.
+        x = (obs if obs.dim() == 3 else obs.reshape(rows or self.N, self.A, -1)).float()
         if self.norms.obs is None:
             return x
         if update:
@@ -371,7 +372,7 @@ class Rollout:
             self._write("next_values", t, self.final_values(rec, self._no_value))
         if model.recurrent:
             self.prev_done = done
-        counters.add(reward, prev_active)
+        counters.add(reward, None if prev_quiet else prev_active)  # after a quiet record every slot acted
         # The league counts every step; the rest only matters where a slot is done (or a slot left, so an
         # env's episode may have ended): never after two quiet records (every slot active before, none done).
         if self.league is not None or not (rec.quiet and prev_quiet):
