@@ -97,6 +97,23 @@ def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
+def timed_side_by_side(cmds: list[list[str]], env: dict[str, str], cores: list[int]) -> list[tuple[float, float]]:
+    """As `timed`, for processes started together, each pinned to its own core: a slow spell of the
+    machine (a busy neighbour on the host) then slows both alike, so their ratio holds still."""
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                              preexec_fn=lambda core=core: os.sched_setaffinity(0, {core}))
+             for cmd, core in zip(cmds, cores)]
+    results: dict[int, tuple[float, float]] = {}
+    while len(results) < len(procs):
+        pid, status, usage = os.wait4(-1, 0)
+        results[pid] = (time.perf_counter() - t0, usage.ru_utime + usage.ru_stime)
+        proc = next(p for p in procs if p.pid == pid)
+        if os.waitstatus_to_exitcode(status) != 0:
+            raise SystemExit(f"vs_sb3: {' '.join(proc.args[:6])} ... failed: {proc.stderr.read().strip()[-500:]}")
+    return [results[p.pid] for p in procs]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tasks", default="acrobot,cartpole")
@@ -104,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", default=None, help="folder for results.json and results.md")
+    p.add_argument("--side-by-side", action="store_true",
+                   help="run each pair's two processes at once, each on its own core (swapped every pair), "
+                        "instead of one after the other: steadier ratios on a machine whose speed drifts")
     p.add_argument("--sb3", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.sb3:
@@ -121,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
         spec = importlib.util.find_spec(package)
         for folder in (spec.submodule_search_locations or []) if spec else []:
             compileall.compile_dir(folder, quiet=1)
+    cores = sorted(os.sched_getaffinity(0))
+    if args.side_by_side and len(cores) < 2:
+        print("vs_sb3: --side-by-side needs 2 CPUs; this process may use 1", file=sys.stderr)
+        return 2
     rows = []
     for name in tasks:
         task = TASKS[name]
@@ -133,8 +157,15 @@ def main(argv: list[str] | None = None) -> int:
             def run_sb3() -> tuple[float, float]:
                 return timed([sys.executable, __file__, "--sb3", name, "--threads", str(args.threads), "--seed", str(args.seed)], env)
 
+            if args.side_by_side:
+                with tempfile.TemporaryDirectory() as tmp:
+                    pinned = cores[:2] if i % 2 == 0 else cores[1::-1]
+                    ours, theirs = timed_side_by_side(
+                        [phalanx_cmd(task, f"{tmp}/run", args.threads, args.seed),
+                         [sys.executable, __file__, "--sb3", name, "--threads", str(args.threads), "--seed", str(args.seed)]],
+                        env, pinned)
             # Each side goes first in every other pair, so a drift of the machine's speed favours neither.
-            if i % 2 == 0:
+            elif i % 2 == 0:
                 ours, theirs = run_phalanx(), run_sb3()
             else:
                 theirs, ours = run_sb3(), run_phalanx()
@@ -153,8 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     machine = {"cpus": len(os.sched_getaffinity(0)), "cpu": platform.processor() or platform.machine(),
                "torch": torch.__version__, "python": platform.python_version(), "threads": args.threads}
     lines = [f"Whole process, {machine['cpus']} CPUs, torch {machine['torch']}, {args.threads} torch thread(s) each, "
-             f"seed {args.seed}, {args.pairs} pairs in alternation (each side first in every other pair); SB3's time "
-             "over Phalanx's, wall clock and CPU time (user + system).", "",
+             f"seed {args.seed}, {args.pairs} pairs "
+             + ("side by side (both at once, each pinned to its own core, cores swapped every pair)" if args.side_by_side
+                else "in alternation (each side first in every other pair)")
+             + "; SB3's time over Phalanx's, wall clock and CPU time (user + system).", "",
              "| task | settings | steps | Phalanx s (median) | SB3 s (median) | SB3 / Phalanx per pair | median | CPU time: median |",
              "|---|---|--:|--:|--:|---|--:|--:|"]
     for r in rows:

@@ -98,3 +98,19 @@ def test_with_other_threads_the_plot_is_drawn_in_this_process(tmp_path):
     finally:
         stop.set()
         other.join()
+
+
+def test_a_warmed_figure_draws_the_same_png_as_a_fresh_one(tmp_path):
+    """The closing plot's child renders its figure once ahead (`LearningCurves.warm`): the file it then
+    draws must be the one a fresh figure draws, byte for byte (placeholder lines gone, colours as fresh)."""
+    from phalanx.plot import LearningCurves
+
+    runs = [tmp_path / "a", tmp_path / "b"]
+    for run in runs:
+        write_metrics(run, updates=5)
+    for names in (runs[:1], runs):
+        warmed = LearningCurves()
+        warmed.warm()
+        a = warmed.draw(names, tmp_path / "warmed.png").read_bytes()
+        b = LearningCurves().draw(names, tmp_path / "fresh.png").read_bytes()
+        assert a.startswith(PNG_MAGIC) and a == b

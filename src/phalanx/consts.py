@@ -12,6 +12,7 @@ import torch
 
 
 @functools.lru_cache(maxsize=512)
-def constant(values: tuple, device: torch.device | str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """`torch.tensor(values)` on `device`, made on first use and shared after: never write into it."""
+def constant(values: tuple | float, device: torch.device | str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """`torch.tensor(values)` on `device` (a number: a 0-d tensor), made on first use and shared after: never
+    write into it."""
     return torch.tensor(values, dtype=dtype, device=device)

@@ -16,6 +16,9 @@ class EpisodeCounters:
         self.slot_length = torch.zeros(num_envs, num_agents, device=device)
         self.team_return = torch.zeros(num_envs, device=device)
         self.env_length = torch.zeros(num_envs, device=device)
+        # Added as a tensor: a Python number is wrapped into a double tensor and cast at every add, which
+        # on a CPU costs four times the add of a few numbers (#27).
+        self._one = torch.ones((), device=device)
 
     def step(self, reward: torch.Tensor, done: torch.Tensor, prev_active: torch.Tensor) -> torch.Tensor:
         """Add one step's rewards (of the slots that acted); -> [N] bool: the env's episode ended."""
@@ -26,14 +29,14 @@ class EpisodeCounters:
         """Add one step's rewards and lengths (of the slots that acted; None: every slot did)."""
         if prev_active is None:  # no bool-to-float mask: at a few envs on a CPU, a third of this (#27)
             self.slot_return += reward
-            self.slot_length += 1
+            self.slot_length += self._one
             self.team_return += reward.sum(-1)
         else:
             earned = reward * prev_active
             self.slot_return += earned
             self.slot_length += prev_active
             self.team_return += earned.sum(-1)
-        self.env_length += 1
+        self.env_length += self._one
 
     def end_slots(self, done: torch.Tensor) -> None:
         self.slot_return.masked_fill_(done, 0.0)

@@ -24,46 +24,72 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
 
 def plot_runs(run_dirs: list[Path], out: Path) -> Path:
     """The same panels with one line per run (labelled by its directory's name); returns `out`."""
-    # The object API, not pyplot: pyplot's import and figure manager cost half a second of every run's
-    # closing plot.
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    return LearningCurves().draw(run_dirs, out)
 
-    runs = [(Path(d), read_metrics(Path(d))) for d in run_dirs]
-    for run_dir, rows in runs:
-        if not rows:
-            raise PhalanxError(f"'{run_dir}' has no metrics.jsonl rows to plot")
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    panels = [("episode_return", "episode return"), ("policy_loss", "policy loss"), ("value_loss", "value loss"),
-              ("entropy", "entropy"), ("approx_kl", "approx KL"), ("explained_variance", "explained variance")]
-    fig = Figure(figsize=(13, 7))
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(2, 3)
-    for ax, (key, title) in zip(axes.flat, panels):
+
+PANELS = (("episode_return", "episode return"), ("policy_loss", "policy loss"), ("value_loss", "value loss"),
+          ("entropy", "entropy"), ("approx_kl", "approx KL"), ("explained_variance", "explained variance"))
+
+
+class LearningCurves:
+    """The figure of `plot_runs`: its panels made on creation and drawn once per `draw`. `warm` renders it
+    empty, so that a later `draw` reuses the ticks and glyphs it made (matplotlib's ticks were most of the
+    drawing: the closing plot's child warms it while the run trains, #27)."""
+
+    def __init__(self) -> None:
+        # The object API, not pyplot: pyplot's import and figure manager cost half a second of every run's
+        # closing plot.
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        self.fig = Figure(figsize=(13, 7))
+        FigureCanvasAgg(self.fig)
+        self.axes = list(self.fig.subplots(2, 3).flat)
+        for ax, (_, title) in zip(self.axes, PANELS):
+            ax.set_title(title)
+            ax.set_xlabel("steps")
+            ax.grid(alpha=0.3)
+            # Few ticks: each is a handful of artists, and making them was most of the drawing (0.8 s -> 0.35 s).
+            ax.locator_params(nbins=4)
+        # Fixed margins: tight_layout measured every label's text extent (a third of the drawing time).
+        self.fig.subplots_adjust(left=0.06, right=0.98, bottom=0.08, top=0.9, wspace=0.25, hspace=0.35)
+
+    def warm(self) -> None:
+        """Render once with placeholder lines (nothing written), making the ticks and text a draw needs."""
+        for ax in self.axes:
+            ax.plot([0, 1e6], [-1e3, 1e3])
+        self.fig.canvas.draw()
+        for ax in self.axes:
+            for line in list(ax.lines):
+                line.remove()
+            ax.set_prop_cycle(None)  # the runs' lines take the first colours, as in a figure never warmed
+
+    def draw(self, run_dirs: list[Path], out: Path) -> Path:
+        runs = [(Path(d), read_metrics(Path(d))) for d in run_dirs]
         for run_dir, rows in runs:
-            pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
-            if pts:
-                ax.plot(*zip(*pts), lw=1.5, label=run_dir.name)
-        ax.set_title(title)
-        ax.set_xlabel("steps")
-        ax.grid(alpha=0.3)
-        # Few ticks: each is a handful of artists, and making them was most of the drawing (0.8 s -> 0.35 s).
-        ax.locator_params(nbins=4)
-    if len(runs) > 1:
-        axes.flat[0].legend(fontsize=8)
-    fig.suptitle(str(runs[0][0]) if len(runs) == 1 else f"{len(runs)} runs")
-    # Fixed margins: tight_layout measured every label's text extent (a third of the drawing time).
-    fig.subplots_adjust(left=0.06, right=0.98, bottom=0.08, top=0.9, wspace=0.25, hspace=0.35)
-    # Written whole, then renamed: a reader never sees half a PNG (the closing plot may be drawn while the
-    # user already looks for it, see `ClosingPlot`).
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
-        fig.savefig(tmp, dpi=90, format=out.suffix.lstrip(".") or "png")
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return out
+            if not rows:
+                raise PhalanxError(f"'{run_dir}' has no metrics.jsonl rows to plot")
+        out = Path(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        for ax, (key, _) in zip(self.axes, PANELS):
+            for run_dir, rows in runs:
+                pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+                if pts:
+                    ax.plot(*zip(*pts), lw=1.5, label=run_dir.name)
+            ax.relim()
+            ax.autoscale_view()
+        if len(runs) > 1:
+            self.axes[0].legend(fontsize=8)
+        self.fig.suptitle(str(runs[0][0]) if len(runs) == 1 else f"{len(runs)} runs")
+        # Written whole, then renamed: a reader never sees half a PNG (the closing plot may be drawn while the
+        # user already looks for it, see `ClosingPlot`).
+        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+        try:
+            self.fig.savefig(tmp, dpi=90, format=out.suffix.lstrip(".") or "png")
+            os.replace(tmp, out)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return out
 
 
 class ClosingPlot:
@@ -156,16 +182,19 @@ def _plot_child(ask: int, answer: int, close: tuple[int, ...]) -> NoReturn:
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)
+        # The wait's purpose: matplotlib imported and the figure made and rendered once, ahead.
+        curves: LearningCurves | None = None
         try:
-            import matplotlib.backends.backend_agg  # noqa: F401  (the wait's purpose: imported ahead)
-            import matplotlib.figure  # noqa: F401
-        except Exception:  # reported when a plot is asked for
-            pass
+            curves = LearningCurves()
+            curves.warm()
+        except Exception:  # reported when a plot is asked for, by a fresh figure
+            curves = None
         with os.fdopen(ask, "rb") as requests:
             request = requests.readline().strip()
         if request:
             try:
-                plot_run(Path(os.fsdecode(request)))
+                run_dir = Path(os.fsdecode(request))
+                (curves or LearningCurves()).draw([run_dir], learning_curve_path(run_dir))
                 reply = b"ok"
             except Exception as e:
                 reply = str(e).encode() or type(e).__name__.encode()
