@@ -30,6 +30,7 @@ from phalanx.algo import (
     ppo_losses,
     ppo_update,
 )
+from phalanx.algo.ppo import VECTOR_GATHER_MIN_ROWS
 from phalanx.envs.spaces import Box, Discrete, MultiDiscrete
 from phalanx.models import distributions as D
 from phalanx.models.mlp import ActionHead, FastTanh, MLPActorCritic
@@ -938,3 +939,23 @@ def test_losses_without_a_mask_equal_those_with_an_all_ones_mask_bit_for_bit(cli
     assert all(torch.equal(a, b) for a, b in zip(*grads))
     assert torch.equal(explained_variance(cols[3], cols[2], full.mask), explained_variance(cols[3], cols[2], None))
     assert len(none.index(torch.arange(0, n, 2))) == n // 2 and none.index(torch.arange(4)).mask is None
+
+
+@pytest.mark.parametrize("rows", [64, 4096])
+def test_minibatch_gather_picks_the_same_rows_however_it_gathers(rows):
+    """PPOBatch.index gathers a [B, 1] column as a vector from VECTOR_GATHER_MIN_ROWS rows on: the same
+    values, shapes and dtypes as a row gather, for every field (masked, with memory rows)."""
+    g = torch.Generator().manual_seed(3)
+    n = 2 * rows
+    col = lambda dtype=torch.float32: torch.randn(n, 1, generator=g).to(dtype)  # noqa: E731
+    obs = torch.randn(n, 1, 5, generator=g)
+    batch = PPOBatch(obs=obs, critic_obs=torch.randn(n, 7, generator=g), actions=col(torch.long), logprobs=col(),
+                     advantages=col(), returns=col(), values=col(), mask=col(), rows=torch.arange(n), resets=col(torch.bool),
+                     env_active=torch.randn(n, 3, generator=g) > 0)
+    idx = torch.randperm(n, generator=g)[:rows]
+    part = batch.index(idx)
+    assert (rows >= VECTOR_GATHER_MIN_ROWS) == (rows == 4096)
+    for name in ("obs", "critic_obs", "actions", "logprobs", "advantages", "returns", "values", "mask", "rows", "resets", "env_active"):
+        got, full = getattr(part, name), getattr(batch, name)
+        want = full[idx]
+        assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want), name
