@@ -251,8 +251,8 @@ class Rollout:
         b, model = self.buf, self.model
         stats = self._new_stats()
         obs_n = self.obs_in(self.record.obs)
-        # The rows of a quiet step (StepRecord.quiet) are these and are not written again: four writes
-        # fewer a step, a tenth of a small CPU batch's step outside the env (#27).
+        # The flag and active rows of a quiet step (StepRecord.quiet) are these and are not written again
+        # (nor is its bootstrap, filled in after the loop): five writes fewer a step (#27).
         for name in ("terminated", "truncated", "trial_end"):
             b[name].zero_()
         b["active"].copy_(self._learner_rows)
@@ -427,11 +427,13 @@ class Rollout:
     def _checked(self, rec: StepRecord, t: int | torch.Tensor, stats: dict[str, torch.Tensor]) -> StepRecord:
         """The env boundary: count NaN / infinite observations, states and rewards on the device
         (read with the update's metrics); `nonfinite_env: zero` also replaces them with 0."""
+        if rec.finite:  # the env tested it (StepRecord.finite)
+            return rec
         fields = [f for f in ("obs", "final_obs", "reward", "state", "final_state") if getattr(rec, f) is not None]
         if self.model.obs_is_image:  # uint8 pixels cannot be NaN
             fields = [f for f in fields if f not in ("obs", "final_obs")]
         # The quick test looks at each tensor once (a final observation is often the observation itself).
-        if rec.finite or self.host_branches and all(_read_finite(x) for x in {id(x): x for x in (getattr(rec, f) for f in fields)}.values()):
+        if self.host_branches and all(_read_finite(x) for x in {id(x): x for x in (getattr(rec, f) for f in fields)}.values()):
             return rec
         bad = sum((~torch.isfinite(getattr(rec, f))).sum() for f in fields)
         stats["env_nonfinite"] += bad
