@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 from gae_reference import forward_reference
+from torch import nn
 
 from phalanx.algo import (
     Adam,
@@ -33,7 +34,14 @@ from phalanx.algo import (
 from phalanx.algo.ppo import VECTOR_GATHER_MIN_ROWS
 from phalanx.envs.spaces import Box, Discrete, MultiDiscrete
 from phalanx.models import distributions as D
-from phalanx.models.mlp import ActionHead, FastTanh, MLPActorCritic
+from phalanx.models.mlp import (
+    NARROW_INPUT_MAX_FEATURES,
+    NARROW_WEIGHT_GRAD_MIN_ROWS,
+    ActionHead,
+    FastTanh,
+    Linear,
+    MLPActorCritic,
+)
 
 F64 = torch.float64
 
@@ -603,6 +611,26 @@ def test_fast_tanh_is_tanh_in_value_and_gradient_at_every_size(rows):
     torch.testing.assert_close(gx, 1 - torch.tanh(x) ** 2, rtol=0, atol=1e-6)
     with torch.no_grad():
         torch.testing.assert_close(FastTanh()(x), y, rtol=0, atol=0)  # inference computes what training does
+
+
+@pytest.mark.parametrize("shape", [(64, 4), (2048, 4), (1024, 3, 6), (2048, 32)], ids=["small", "narrow", "agents", "wide"])
+def test_linear_computes_what_nn_linear_does_forward_and_backward(shape):
+    g = torch.Generator().manual_seed(shape[0])
+    layer = Linear(shape[-1], 64)
+    plain = nn.Linear(shape[-1], 64)
+    plain.load_state_dict(layer.state_dict())
+    x = torch.randn(*shape, generator=g, requires_grad=True)
+    grad = torch.randn(*shape[:-1], 64, generator=g)
+    y = layer(x)
+    narrow = shape[-1] <= NARROW_INPUT_MAX_FEATURES and x.numel() >= NARROW_WEIGHT_GRAD_MIN_ROWS * shape[-1]
+    assert ("NarrowInputLinear" in type(y.grad_fn).__name__) == narrow  # the narrow way exactly where it pays
+    assert torch.equal(y, plain(x))  # the forward inference runs, bit for bit
+    gx, gw, gb = torch.autograd.grad(y, (x, layer.weight, layer.bias), grad)
+    px, pw, pb = torch.autograd.grad(plain(x), (x, plain.weight, plain.bias), grad)
+    assert torch.equal(gx, px) and torch.equal(gb, pb)
+    torch.testing.assert_close(gw, pw, rtol=1e-5, atol=1e-4)  # the same sums in another order
+    layer(x).backward(grad)
+    assert layer.weight.grad.is_contiguous()  # as the optimizer's fused kernel reads it
 
 
 def test_multi_discrete_padding_never_sampled_even_when_valid_logits_are_tiny():

@@ -17,7 +17,7 @@ from torch import nn
 from phalanx.draws import Source
 from phalanx.envs.spaces import Space
 from phalanx.models.memory import LSTMActorCritic, TransformerActorCritic
-from phalanx.models.mlp import ACTIVATIONS, ActionHead, layer_init
+from phalanx.models.mlp import ACTIVATIONS, ActionHead, Linear, layer_init
 
 MEMORY_CORES = {"lstm": LSTMActorCritic, "transformer": TransformerActorCritic}
 
@@ -82,7 +82,7 @@ class CNNEncoder(nn.Module):
 def _trunk(in_dim: int, hidden: tuple[int, ...], activation: str) -> tuple[nn.Module, int]:
     layers: list[nn.Module] = []
     for h in hidden:
-        layers += [layer_init(nn.Linear(in_dim, h)), ACTIVATIONS[activation]()]
+        layers += [layer_init(Linear(in_dim, h)), ACTIVATIONS[activation]()]
         in_dim = h
     return (nn.Sequential(*layers) if layers else nn.Identity()), in_dim
 

@@ -67,7 +67,7 @@ from torch import nn
 from phalanx.algo.scan import linear_scan
 from phalanx.draws import Source
 from phalanx.envs.spaces import Space
-from phalanx.models.mlp import ACTIVATIONS, ActionHead, layer_init, mlp
+from phalanx.models.mlp import ACTIVATIONS, ActionHead, Linear, layer_init, mlp
 
 
 class _State:
@@ -294,7 +294,7 @@ class LSTMActorCritic(_MemoryActorCritic):
         super().__init__(obs_dim, action_space, hidden, activation, num_agents, agent_id, state_dim,
                          init_log_std, memory_critic, critic_hidden)
         self.hidden = hidden
-        self.encoder = nn.Sequential(layer_init(nn.Linear(self.in_dim, hidden)), ACTIVATIONS[activation]())
+        self.encoder = nn.Sequential(layer_init(Linear(self.in_dim, hidden)), ACTIVATIONS[activation]())
         self.cell = LSTMCore(hidden, hidden)
 
     def initial_state(self, batch_size: int, device: torch.device | str | None = None) -> LSTMState:
@@ -329,7 +329,7 @@ class _CausalTransformer:
         if horizon < 1:
             raise ValueError("horizon must be at least 1")
         self.width, self.num_layers, self.heads, self.horizon = width, layers, heads, horizon
-        self.embed = nn.Linear(in_dim, width)
+        self.embed = Linear(in_dim, width)
         self.blocks = nn.ModuleList(_Block(width, activation) for _ in range(layers))
         self.ln_f = nn.LayerNorm(width)
         freq = torch.exp(torch.arange(0, width, 2, dtype=torch.float32) * (-math.log(10000.0) / width))

@@ -16,7 +16,7 @@ from torch import nn
 from phalanx.consts import constant
 from phalanx.draws import Source
 from phalanx.envs.spaces import Space
-from phalanx.models.mlp import ACTIVATIONS, ActionHead, layer_init, mlp
+from phalanx.models.mlp import ACTIVATIONS, ActionHead, Linear, layer_init, mlp
 
 DEFAULT_RELAY_ROLES: tuple[int, ...] = (1,)
 DEFAULT_MASSES: tuple[float, ...] = (0.6, 0.4)  # (every non-relay role, relays)
@@ -132,7 +132,7 @@ class RoleAttention(nn.Module):
             raise ValueError(f"width {width} is not divisible by heads {heads}")
         A = roles.numel()
         self.width, self.heads, self.floor_pool, self.floor, self.temperature = width, heads, floor_pool, floor, temperature
-        self.embed = nn.Sequential(layer_init(nn.Linear(in_dim, width)), ACTIVATIONS[activation]())
+        self.embed = nn.Sequential(layer_init(Linear(in_dim, width)), ACTIVATIONS[activation]())
         self.query = layer_init(nn.Linear(width, width), 1.0)
         self.key = layer_init(nn.Linear(width + num_roles, width), 1.0)
         self.val = layer_init(nn.Linear(width, width), 1.0)

@@ -31,7 +31,7 @@ from phalanx.models.memory import (
     _MemoryActorCritic,
     _State,
 )
-from phalanx.models.mlp import ACTIVATIONS, layer_init
+from phalanx.models.mlp import ACTIVATIONS, Linear, layer_init
 
 
 @dataclasses.dataclass
@@ -90,7 +90,7 @@ class StrategyActorCritic(_MemoryActorCritic):
         self.opponent_features, self.latent_tokens, self.width, self.heads = (start, stop), latent_tokens, width, heads
         self.strategy = CausalTransformerCore(stop - start, width, layers, heads, history, "gelu")
         self.to_latent = nn.Linear(width, latent_tokens * width)
-        self.encoder = nn.Sequential(layer_init(nn.Linear(self.in_dim, width)), ACTIVATIONS[activation]())
+        self.encoder = nn.Sequential(layer_init(Linear(self.in_dim, width)), ACTIVATIONS[activation]())
         self.cross_q, self.cross_kv = nn.Linear(width, width), nn.Linear(width, 2 * width)
         self.cross_out = nn.Linear(width, width)
         self.core = LSTMCore(2 * width, hidden)
