@@ -41,6 +41,7 @@ from phalanx.models.mlp import (
     FastTanh,
     Linear,
     MLPActorCritic,
+    _rational_tanh,
 )
 
 F64 = torch.float64
@@ -611,6 +612,25 @@ def test_fast_tanh_is_tanh_in_value_and_gradient_at_every_size(rows):
     torch.testing.assert_close(gx, 1 - torch.tanh(x) ** 2, rtol=0, atol=1e-6)
     with torch.no_grad():
         torch.testing.assert_close(FastTanh()(x), y, rtol=0, atol=0)  # inference computes what training does
+
+
+def test_rational_tanh_is_tanh_over_the_whole_line():
+    x = torch.cat([torch.linspace(-20, 20, 400_001), torch.tensor([float("inf"), -float("inf"), 0.0, 1e-30])])
+    y = _rational_tanh(x)
+    torch.testing.assert_close(y, torch.tanh(x), rtol=0, atol=3.5e-7)
+    assert y.abs().max() <= 1.0 and y[-1] == 1e-30  # never beyond +-1; tiny inputs keep their value
+    assert _rational_tanh(torch.tensor([float("nan")])).isnan().all()
+
+
+def test_compiled_inference_fast_tanh_is_the_rational_tanh_and_training_keeps_the_gradient():
+    x = torch.randn(1024, 64, generator=torch.Generator().manual_seed(5), requires_grad=True) * 3
+    tanh = torch.compile(FastTanh(), fullgraph=True)
+    with torch.no_grad():
+        torch.testing.assert_close(tanh(x.detach()), _rational_tanh(x), rtol=0, atol=0)  # a compiled rollout's form
+    y = tanh(x)  # training: the sigmoid form, compiled as eager runs it
+    torch.testing.assert_close(y, FastTanh()(x), rtol=0, atol=2e-7)
+    (gx,) = torch.autograd.grad(y.sum(), x)
+    torch.testing.assert_close(gx, 1 - torch.tanh(x) ** 2, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("shape", [(64, 4), (2048, 4), (1024, 3, 6), (2048, 32)], ids=["small", "narrow", "agents", "wide"])
