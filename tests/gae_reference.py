@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 
-def forward_reference(r, v, nv, term, trunc, active, trial_end, gamma, lam, stop):
-    """Advantage of each step of one slot, by the boundary table of the README, walking forward."""
+def forward_reference(r, v, nv, term, trunc, active, trial_end, gamma, lam, stop, active_after=True):
+    """Advantage of each step of one slot, by the boundary table of the README, walking forward.
+    `active_after`: whether the slot acts right after the rollout (at the observation `nv[-1]` values)."""
     T = len(r)
 
     def no_bootstrap(u):
@@ -24,9 +25,29 @@ def forward_reference(r, v, nv, term, trunc, active, trial_end, gamma, lam, stop
             if trunc[u]:
                 return r[t] + gamma * nv[u] - v[t]
             u += 1
-        if u == T:
-            return r[t] + gamma * nv[t] - v[t]
+        if u == T:  # the gap runs past the rollout: V of what follows it, where the slot acts there
+            if not active_after:
+                return 0.0  # no bootstrap yet: left out of this update, and the trace before it stops here
+            return r[t] + gamma * nv[T - 1] - v[t]
         following = nv[t] if u == t + 1 else v[u]
         return r[t] + gamma * following - v[t] + gamma * lam * adv(u)
 
     return [adv(t) for t in range(T)]
+
+
+def pending_reference(active, term, trunc, trial_end, stop, active_after):
+    """Which steps of one slot have no bootstrap yet: active, the episode goes on, and the slot sits out
+    (no episode end flagged) to the rollout's end and does not act right after it."""
+    T = len(active)
+
+    def pending(t):
+        if not active[t] or term[t] or trunc[t] or (stop and trial_end[t]):
+            return False
+        u = t + 1
+        while u < T and not active[u]:
+            if term[u] or trunc[u] or (stop and trial_end[u]):
+                return False
+            u += 1
+        return u == T and not active_after
+
+    return [pending(t) for t in range(T)]

@@ -77,10 +77,13 @@ NV = [1.0, 0.5, 1.0, 2.0]  # V of the next observation (no boundary: V shifted, 
 F4 = [False] * 4
 
 
-def _gae(r=R, v=V, nv=NV, term=F4, trunc=F4, active=None, trial_end=None, trial_bootstrap="continue", g=G, lam=L):
+def _gae(r=R, v=V, nv=NV, term=F4, trunc=F4, active=None, trial_end=None, trial_bootstrap="continue", g=G, lam=L,
+         active_after=None):
     kw = {}
     if active is not None:
         kw["active"] = tb(active)
+    if active_after is not None:
+        kw["active_after"] = tb(active_after)
     if trial_end is not None:
         kw["trial_end"] = tb(trial_end)
     adv, ret = compute_gae(t64(r), t64(v), t64(nv), tb(term), tb(trunc), g, lam, trial_bootstrap=trial_bootstrap, **kw)
@@ -149,8 +152,12 @@ def test_gae_inactive_steps_zero_advantage_trace_passes_across():
     # two inactive steps in a row and an inactive final step
     adv, _ = _gae(active=[True, False, False, True])
     _close(adv, [1.25, 0.0, 0.0, 1.0])
+    # An inactive final step: step 2 bootstraps from V of the observation after the rollout (NV[3] = 2), where the
+    # slot acts; where it does not, step 2 has no bootstrap yet (advantage 0) and step 1 stops at V[2].
     adv, _ = _gae(active=[True, True, True, False])
-    _close(adv, [1 + 0.25 * (-0.75 + 0.25 * 2.0), -0.75 + 0.25 * 2.0, 2.0, 0.0])
+    _close(adv, [1 + 0.25 * (-0.75 + 0.25 * 2.5), -0.75 + 0.25 * 2.5, 2 + 0.5 * 2.0 - 0.5, 0.0])
+    adv, _ = _gae(active=[True, True, True, False], active_after=False)
+    _close(adv, [1 + 0.25 * -0.75, -0.75, 0.0, 0.0])
     adv, _ = _gae(active=[False] * 4)
     _close(adv, [0.0] * 4)
 

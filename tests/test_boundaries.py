@@ -11,10 +11,10 @@ import copy
 
 import pytest
 import torch
-from gae_reference import forward_reference
+from gae_reference import forward_reference, pending_reference
 
 import phalanx
-from phalanx.algo import PPOBatch, PPOParams, compute_gae, minibatch_step, ppo_update
+from phalanx.algo import PPOBatch, PPOParams, compute_gae, minibatch_step, pending_bootstrap, ppo_update
 from phalanx.config import resolve
 from phalanx.distributed import Dist
 from phalanx.envs import registry
@@ -58,13 +58,59 @@ def test_gae_matches_forward_reference_over_random_boundaries(seed, mode):
     r, v, nv = (torch.randn(T, N, generator=g, dtype=F64) for _ in range(3))
     term, trunc, te = (torch.rand(T, N, generator=g) < density for _ in range(3))
     active = torch.rand(T, N, generator=g) < 1 - density
+    after = torch.rand(N, generator=g) < 0.5
     gamma, lam = 0.97, 0.9
-    adv, ret = compute_gae(r, v, nv, term, trunc, gamma, lam, active=active, trial_end=te, trial_bootstrap=mode)
+    adv, ret = compute_gae(r, v, nv, term, trunc, gamma, lam, active=active, trial_end=te, trial_bootstrap=mode,
+                           active_after=after)
+    pending = pending_bootstrap(active, term, trunc, after, te, mode)
     for n in range(N):
         col = lambda x: x[:, n].tolist()  # noqa: E731
-        exp = forward_reference(col(r), col(v), col(nv), col(term), col(trunc), col(active), col(te), gamma, lam, mode == "stop")
+        exp = forward_reference(col(r), col(v), col(nv), col(term), col(trunc), col(active), col(te), gamma, lam, mode == "stop",
+                                bool(after[n]))
         assert torch.allclose(adv[:, n], torch.tensor(exp, dtype=F64), atol=1e-10), (n, adv[:, n], exp)
+        assert col(pending) == pending_reference(col(active), col(term), col(trunc), col(te), mode == "stop", bool(after[n]))
     assert torch.allclose(ret, adv + v)
+
+
+def test_gae_step_whose_slot_sits_out_to_the_rollouts_end_never_bootstraps_from_an_inactive_observation():
+    # Issue 28: a slot parks after step 1 and sits out to the rollout's end, its episode going on. Its bootstrap
+    # used to be V of the observation it was parked at (100 here: a value never trained).
+    gamma, lam = 0.9, 0.95
+    r = torch.tensor([1.0, 1.0, 0.0, 0.0], dtype=F64)
+    v = torch.tensor([0.5, 0.25, 9.0, 9.0], dtype=F64)
+    nv = torch.tensor([0.25, 100.0, 100.0, 3.0], dtype=F64)  # nv[-1]: V of the observation after the rollout
+    no = torch.zeros(4, dtype=torch.bool)
+    active = torch.tensor([True, True, False, False])
+    # Where the slot acts right after the rollout, that observation is its next active step: V = 3.
+    adv, _ = compute_gae(r, v, nv, no, no, gamma, lam, active=active, active_after=torch.tensor(True))
+    step1 = 1 + gamma * 3.0 - 0.25
+    assert adv.tolist() == pytest.approx([1 + gamma * 0.25 - 0.5 + gamma * lam * step1, step1, 0.0, 0.0], abs=1e-12)
+    # Where it does not, step 1 has no bootstrap yet: left out (advantage 0), and step 0's trace stops at V[1].
+    parked = torch.tensor(False)
+    adv, _ = compute_gae(r, v, nv, no, no, gamma, lam, active=active, active_after=parked)
+    assert adv.tolist() == pytest.approx([1 + gamma * 0.25 - 0.5, 0.0, 0.0, 0.0], abs=1e-12)
+    assert pending_bootstrap(active, no, no, parked).tolist() == [False, True, False, False]
+    # An episode end flagged while the slot sits out settles it: the step bootstraps from that end.
+    trunc = torch.tensor([False, False, True, False])
+    adv, _ = compute_gae(r, v, nv, no, trunc, gamma, lam, active=active, active_after=parked)
+    assert adv[1].item() == pytest.approx(1 + gamma * 100.0 - 0.25, abs=1e-12)  # V(final_obs) of the truncation
+    assert not pending_bootstrap(active, no, trunc, parked).any()
+
+
+def test_update_leaves_out_a_step_whose_bootstrap_lies_beyond_the_rollout(tmp_path):
+    trainer = Trainer(resolve({"env": "cartpole", "num_envs": 4, "num_steps": 16, "run_dir": str(tmp_path / "r"), **QUIET}))
+    try:
+        for acts_after, left_out in ((True, 6), (False, 7)):
+            trainer.collect()
+            trainer.rollout.buf["active"][10:, 1] = False  # env 1's slot parked from step 10 on
+            rec = trainer.rollout.record
+            rec.active = rec.active.clone()
+            rec.active[1] = acts_after
+            trainer.update()
+            mask = trainer._last_batch.mask
+            assert mask is not None and mask.numel() - mask.sum() == left_out  # and step 9 too where it sits on
+    finally:
+        trainer.close()
 
 
 # ================================================================================================

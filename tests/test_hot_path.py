@@ -53,7 +53,7 @@ def test_rollout_reads_the_host_only_where_reading_is_free():
             if "_read" in line:
                 assert "self.host_branches" in line, line
     update = _code(Trainer.update)
-    assert "every_step_active()" in update
+    assert "every_step_active(trained)" in update
     for line in update.splitlines():
         if "every_step_active" in line:
             assert "self.rollout.host_branches and" in line, line

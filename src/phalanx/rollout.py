@@ -16,7 +16,7 @@ from contextlib import AbstractContextManager
 import torch
 
 from phalanx import runs
-from phalanx.algo import Normalizers, compute_gae
+from phalanx.algo import Normalizers, compute_gae, pending_bootstrap
 from phalanx.config import Config
 from phalanx.draws import Draws
 from phalanx.envs.base import StepRecord, VecEnv
@@ -451,18 +451,25 @@ class Rollout:
             return (v * self.learner).sum(-1) / self.learner.sum()
         return v.mean(-1)
 
-    def every_step_active(self) -> bool:
-        """Whether every learner slot acted at every step of the last rollout, read on the host as `_read`
-        (call it only where `host_branches`)."""
-        return _read(self.buf["active"].all())
+    def every_step_active(self, trained: torch.Tensor) -> bool:
+        """Whether every learner slot trains on every step of the last rollout (`trained`, from
+        `advantages`), read on the host as `_read` (call it only where `host_branches`)."""
+        return _read(trained.all())
 
     # -- advantages ------------------------------------------------------------------------------
-    def advantages(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(advantages, returns) [T, N, A] of the last rollout, by the boundary table."""
+    def advantages(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(advantages, returns, trained) [T, N, A] of the last rollout, by the boundary table: `trained`
+        is `active` less the steps whose bootstrap lies beyond the rollout (`pending_bootstrap`: a slot
+        that acts at no later step, nor right after the rollout), which the update leaves out."""
         b, cfg = self.buf, self.cfg
         with self.timer.phase("gae"):
-            return compute_gae(b["rewards"], b["values"], b["next_values"], b["terminated"], b["truncated"], cfg.gamma,
-                               cfg.gae_lambda, active=b["active"], trial_end=b["trial_end"], trial_bootstrap=cfg.trial_bootstrap)
+            acts_after = self.record.active & self.learner
+            adv, ret = compute_gae(b["rewards"], b["values"], b["next_values"], b["terminated"], b["truncated"], cfg.gamma,
+                                   cfg.gae_lambda, active=b["active"], trial_end=b["trial_end"],
+                                   trial_bootstrap=cfg.trial_bootstrap, active_after=acts_after)
+            pending = pending_bootstrap(b["active"], b["terminated"], b["truncated"], acts_after, b["trial_end"],
+                                        cfg.trial_bootstrap)
+            return adv, ret, b["active"] & ~pending
 
     # -- state -----------------------------------------------------------------------------------
     def state_tensors(self) -> dict[str, torch.Tensor]:

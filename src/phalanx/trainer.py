@@ -66,12 +66,12 @@ def ppo_params(cfg: Config) -> PPOParams:
 
 
 def ppo_batch(buf: dict[str, torch.Tensor], advantages: torch.Tensor, returns: torch.Tensor, values: torch.Tensor,
-              recurrent: bool, slots: torch.Tensor | None) -> PPOBatch:
+              trained: torch.Tensor, recurrent: bool, slots: torch.Tensor | None) -> PPOBatch:
     """The rollout laid out for minibatches. Feed-forward: rows are (step, env) pairs with the agent
     axis whole (per-role layers see their slots; `slots` keeps only those the update trains).
     Recurrent: rows are envs, each keeping its whole [A, T] segment so the sequence forward can replay
-    it from the memory stored at the rollout's start."""
-    mask = buf["active"].float()
+    it from the memory stored at the rollout's start. `trained` [T, N, A] masks the samples (Rollout.advantages)."""
+    mask = trained.float()
     if recurrent:
         seg = lambda x: x.permute(1, 2, 0, *range(3, x.dim()))  # noqa: E731 [T, N, A, ...] -> [N, A, T, ...]
         obs = seg(buf["obs"])
@@ -231,16 +231,16 @@ class Trainer:
     def update(self) -> dict[str, torch.Tensor]:
         cfg, b = self.cfg, self.rollout.buf
         with self.timer.phase("update"):
-            adv, ret = self.rollout.advantages()
+            adv, ret, trained = self.rollout.advantages()
             values = b["values"]
             if self.norms.value is not None:
                 # The clip window is centred on what the critic output at collection: `values` in the units of
                 # the statistics it was denormalised with, i.e. before this update folds in the new returns.
                 values = self.norms.value.normalize(values)
-                self.norms.value.update(ret, b["active"])
+                self.norms.value.update(ret, trained)
                 ret = self.norms.value.normalize(ret)
-            batch = ppo_batch(b, adv, ret, values, self.model.recurrent, self.update_slots)
-            if self.rollout.host_branches and self.rollout.every_step_active():
+            batch = ppo_batch(b, adv, ret, values, trained, self.model.recurrent, self.update_slots)
+            if self.rollout.host_branches and self.rollout.every_step_active(trained):
                 # No mask to test in every mean of every minibatch: a tenth of a small minibatch's ops (#27).
                 batch = replace(batch, mask=None)
             if cfg.anneal_lr:

@@ -1,7 +1,7 @@
 """The algorithm: advantage estimation, PPO losses and update, normalisers."""
 
 from phalanx.algo.adam import Adam, adam_update
-from phalanx.algo.gae import compute_gae
+from phalanx.algo.gae import compute_gae, pending_bootstrap
 from phalanx.algo.normalize import Normalizers, RewardScaler, RunningMeanStd
 from phalanx.algo.ppo import (
     PPOBatch,
@@ -16,5 +16,5 @@ from phalanx.algo.ppo import (
 
 __all__ = [
     "Adam", "Normalizers", "PPOBatch", "PPOParams", "RewardScaler", "RunningMeanStd", "compute_gae", "explained_variance",
-    "adam_update", "compile_step", "masked_mean", "minibatch_step", "ppo_losses", "ppo_update",
+    "adam_update", "compile_step", "masked_mean", "minibatch_step", "pending_bootstrap", "ppo_losses", "ppo_update",
 ]
