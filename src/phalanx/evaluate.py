@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -49,39 +51,25 @@ def evaluate_policy(
     if isinstance(policy, str) and policy not in env.scripted_names:
         allowed = ", ".join(("random",) + tuple(x for x in env.scripted_names if x != "random"))
         raise ConfigError(f"unknown opponent/team '{policy}' for env '{env_name}'; allowed: {allowed}")
-    mates = None
     side = None
     if opponent is not None:
         side = opponent_slots(env.num_agents, env.device)
         if isinstance(opponent, str) and opponent != "random" and opponent not in env.scripted_names:
             raise ConfigError(f"unknown opponent '{opponent}' for env '{env_name}'; allowed: random, "
                               f"{', '.join(env.scripted_names)}, snapshot:LATEST or snapshot:NAME")
-        if isinstance(opponent, Policy) and opponent.recurrent:
-            opponent.reset_memory()
-    if teammates and not isinstance(policy, str):
-        mates = Teammates(parse_teammates(teammates, env), env, env.device)
+    mates = Teammates(parse_teammates(teammates, env), env, env.device) if teammates and isinstance(policy, Policy) else None
+    lineup = Lineup(policy, mates, opponent, side)
     gen = torch.Generator(device=env.device)
     gen.manual_seed(seed)
-    rec = env.reset(seed=seed)
-    if isinstance(policy, Policy) and policy.recurrent:
-        policy.reset_memory()
-    prev_done = torch.zeros(n, env.num_agents, dtype=torch.bool, device=env.device)
+    first = env.reset(seed=seed)
+    lineup.reset()
     counters = EpisodeCounters(n, env.num_agents, env.device)
     rows: list[dict[str, float]] = []
     # Each env contributes its first episodes in order, so the sample is not biased toward short ones.
     quota = -(-episodes // n)
     taken = [0] * n
-    steps = 0
-    while len(rows) < episodes and steps < max_steps:
-        actions = play(policy, env, rec, gen, prev_done, greedy)
-        if mates is not None and isinstance(policy, Policy):
-            actions = mates.fill(actions, rec, gen)
-        if side is not None:
-            actions = fill_slots(actions, side, play(opponent, env, rec, gen, prev_done, greedy=False))
-        prev_active = rec.active
-        rec = env.step(actions)
-        prev_done = rec.terminated | rec.truncated
-        steps += 1
+    for before, rec in play_steps(lineup, env, first, gen, greedy, max_steps if episodes > 0 else 0):
+        prev_active, prev_done = before.active, rec.terminated | rec.truncated
         env_done = counters.step(rec.reward, prev_done, prev_active)
         if bool(env_done.any()):
             info = {k: _side_mean(v.float().reshape(n, -1), side).tolist() for k, v in rec.info.items()}
@@ -100,6 +88,8 @@ def evaluate_policy(
                     taken[i] += 1
             counters.end_slots(env_done[:, None].expand(n, env.num_agents))
             counters.end_envs(env_done)
+        if len(rows) >= episodes:
+            break
     A = env.num_agents
     success_key = env.success_key
     env.close()
@@ -133,6 +123,42 @@ def _side_mean(v: torch.Tensor, side: torch.Tensor | None) -> torch.Tensor:
     if side is None or v.shape[1] != side.shape[0]:
         return v.mean(-1)
     return (v * ~side).sum(-1) / (~side).sum()
+
+
+@dataclass
+class Lineup:
+    """Who plays which slots of an evaluated or recorded episode: `player` in every slot, then `teammates`
+    (learner slots keep the player's actions) and `opponent` on the opponent's side `side` (head-to-head)."""
+
+    player: Player
+    teammates: Teammates | None = None
+    opponent: Player = None
+    side: torch.Tensor | None = None
+
+    def reset(self) -> None:
+        """Clear the memory of every recurrent policy in the lineup (a new batch of episodes)."""
+        for p in (self.player, self.opponent):
+            if isinstance(p, Policy) and p.recurrent:
+                p.reset_memory()
+
+    def act(self, env: VecEnv, rec: StepRecord, gen: torch.Generator, prev_done: torch.Tensor, greedy: bool) -> torch.Tensor:
+        actions = play(self.player, env, rec, gen, prev_done, greedy)
+        if self.teammates is not None:
+            actions = self.teammates.fill(actions, rec, gen)
+        if self.side is not None:
+            actions = fill_slots(actions, self.side, play(self.opponent, env, rec, gen, prev_done, greedy=False))
+        return actions
+
+
+def play_steps(lineup: Lineup, env: VecEnv, rec: StepRecord, gen: torch.Generator, greedy: bool,
+               max_steps: int) -> Iterator[tuple[StepRecord, StepRecord]]:
+    """Step `env` from `rec` with `lineup`, up to `max_steps` times: yields (the record acted on, the
+    record that followed) a step."""
+    prev_done = torch.zeros(env.num_envs, env.num_agents, dtype=torch.bool, device=env.device)
+    for _ in range(max_steps):
+        before, rec = rec, env.step(lineup.act(env, rec, gen, prev_done, greedy))
+        prev_done = rec.terminated | rec.truncated
+        yield before, rec
 
 
 def play(policy: Player, env: VecEnv, rec: StepRecord, gen: torch.Generator, prev_done: torch.Tensor, greedy: bool) -> torch.Tensor:

@@ -10,9 +10,8 @@ import torch
 
 from phalanx.envs import make
 from phalanx.errors import PhalanxError
-from phalanx.evaluate import Player, play
-from phalanx.policy import Policy
-from phalanx.slots import fill_slots, opponent_slots
+from phalanx.evaluate import Lineup, Player, play_steps
+from phalanx.slots import opponent_slots
 
 
 @torch.no_grad()
@@ -28,31 +27,22 @@ def record_episode(policy: Player, env_name: str, path: str | Path, env_options:
     env = make(env_name, num_envs=1, device=device, seed=seed, **(env_options or {}))
     if not env.renders:
         raise PhalanxError(f"env '{env_name}' cannot render, so it cannot be recorded")
-    side = None
-    if opponent is not None:
-        side = opponent_slots(env.num_agents, env.device)
+    lineup = Lineup(policy, opponent=opponent, side=opponent_slots(env.num_agents, env.device) if opponent is not None else None)
     gen = torch.Generator(device=env.device)
     gen.manual_seed(seed)
-    rec = env.reset(seed=seed)
-    if isinstance(policy, Policy) and policy.recurrent:
-        policy.reset_memory()
+    first = env.reset(seed=seed)
+    lineup.reset()
     frames = [env.render(0)]
-    prev_done = torch.zeros(1, env.num_agents, dtype=torch.bool, device=env.device)
-    total = 0.0
-    for step in range(max_steps):
-        actions = play(policy, env, rec, gen, prev_done, greedy)
-        if side is not None:
-            actions = fill_slots(actions, side, play(opponent, env, rec, gen, prev_done, greedy=False))
-        prev_active = rec.active
-        rec = env.step(actions)
-        total += float((rec.reward * prev_active).sum())
-        prev_done = rec.terminated | rec.truncated
-        if bool((prev_done | ~prev_active).all()):
+    total, steps = 0.0, 0
+    for before, rec in play_steps(lineup, env, first, gen, greedy, max_steps):
+        steps += 1
+        total += float((rec.reward * before.active).sum())
+        if bool((rec.terminated | rec.truncated | ~before.active).all()):
             break
         frames.append(env.render(0))
     env.close()
     _write(path, [f.cpu().numpy() for f in frames], fps)
-    return {"path": str(path), "frames": len(frames), "steps": step + 1, "return": total}
+    return {"path": str(path), "frames": len(frames), "steps": steps, "return": total}
 
 
 def _write(path: Path, frames: list, fps: int) -> None:
