@@ -153,6 +153,11 @@ class Rollout:
         # The critic runs over every final observation: selecting the truncated rows is a host read.
         self.final_values_whole_batch = True
         self.host_branches = False
+        if self.device.type == "cpu" and not self.model.obs_is_image:
+            # ... except on the CPU, where the read is free after the loop: the captured step keeps each final
+            # observation as the critic would read it, and `_collect` values the truncated ones (a fifth of a
+            # compiled 4096-env cartpole collect went to the whole-batch critic: 84 -> 68 ms without it).
+            self._keep_final_inputs()
         self._t_index = [torch.tensor([t], device=self.device) for t in range(self.cfg.num_steps)]
         self._captured = torch.compile(self._step, fullgraph=True, dynamic=False, backend=backend)
         self._planned = False
@@ -168,6 +173,15 @@ class Rollout:
         self.final_values_whole_batch = True
         self.host_branches = False
         self._graphed = True
+
+    def _keep_final_inputs(self) -> None:
+        """Buffers for the critic's inputs of every step's final observation (flat features; MAPPO's state)."""
+        shapes = {"final_obs": self.buf["obs"]}
+        if "states" in self.buf:
+            shapes["final_states"] = self.buf["states"]
+        for name, like in shapes.items():
+            self.buf[name] = torch.zeros_like(like)
+            self._rows[name] = self.buf[name].unbind(0)
 
     # -- observations and values -----------------------------------------------------------------
     def obs_in(self, obs: torch.Tensor, update: bool = False, mask: torch.Tensor | None = None,
@@ -275,10 +289,25 @@ class Rollout:
         # forward: the same input, so the same value as a critic call after the env step, one call fewer a
         # step. After the last step one more call values what follows it (the memory critic did that in its step).
         nv = b["next_values"]
+        if "final_obs" in b:
+            self._value_kept_finals()
         if not model.memory_critic:
             nv[-1] = torch.where(b["truncated"][-1], nv[-1], self.value(obs_n, self.record.state))
         nv[:-1] = torch.where(b["truncated"][:-1], nv[:-1], b["values"][1:])
         return stats
+
+    def _value_kept_finals(self) -> None:
+        """V(final_obs) into `next_values` where a slot was truncated, from the kept inputs (a captured
+        step's; read on the host, which is free on the CPU): one critic call over the truncated envs' rows."""
+        b = self.buf
+        trunc = b["truncated"]
+        rows = trunc.any(-1)
+        if not _read(rows.any()):
+            return
+        t, n = rows.nonzero().unbind(1)
+        state = b["final_states"][t, n] if "final_states" in b else None
+        final = self.value(b["final_obs"][t, n], state)
+        b["next_values"][t, n] = torch.where(trunc[t, n], final, b["next_values"][t, n])
 
     def _draw_contexts(self, mode: str, queues: list[list[torch.Tensor]] | None = None) -> contextlib.ExitStack:
         """The policy's and the env's draws in one mode: 'recording', 'ahead' or 'replaying' (from `queues`)."""
@@ -368,6 +397,10 @@ class Rollout:
             # reset where the episode goes on): those entries are filled in after the loop.
             ahead = self.value(next_n, None) if t == cfg.num_steps - 1 else torch.zeros_like(reward)
             self._write("next_values", t, self.final_values(rec, ahead))
+        elif "final_obs" in self.buf:  # valued after the loop where truncated (see _keep_final_inputs)
+            self._write("final_obs", t, self.obs_in(rec.final_obs))
+            if rec.final_state is not None:
+                self._write("final_states", t, rec.final_state.reshape(self.N, -1))
         elif not rec.quiet:  # filled in after the loop where not truncated (see _collect), so always when quiet
             self._write("next_values", t, self.final_values(rec, self._no_value))
         if model.recurrent:
