@@ -660,6 +660,22 @@ def test_linear_computes_what_nn_linear_does_forward_and_backward(shape):
     assert layer.weight.grad.is_contiguous()  # as the optimizer's fused kernel reads it
 
 
+def test_linear_under_bf16_autocast_computes_what_nn_linear_does():
+    g = torch.Generator().manual_seed(11)
+    layer, plain = Linear(4, 64), nn.Linear(4, 64)
+    plain.load_state_dict(layer.state_dict())
+    x = torch.randn(2048, 4, generator=g, requires_grad=True)
+    grad = torch.randn(2048, 64, generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, p = layer(x), plain(x)
+    assert y.dtype == p.dtype == torch.bfloat16 and torch.equal(y, p)
+    ours = torch.autograd.grad(y, (x, layer.weight, layer.bias), grad)
+    theirs = torch.autograd.grad(p, (x, plain.weight, plain.bias), grad)
+    for a, b in zip(ours, theirs):
+        assert a.dtype == b.dtype == torch.float32
+        torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2)  # bfloat16 sums of 2048 rows, in another order
+
+
 def test_multi_discrete_padding_never_sampled_even_when_valid_logits_are_tiny():
     nvec = (2, 6)
     head = ActionHead(MultiDiscrete(nvec))

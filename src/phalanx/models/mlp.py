@@ -105,9 +105,12 @@ class _NarrowInputLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, weight = ctx.saved_tensors
+        # Under autocast the forward ran in `grad`'s dtype (bfloat16): so do the products, as autograd's
+        # would through autocast's casts; the engine casts each gradient back to its input's dtype.
+        dtype = grad.dtype
         grad_rows = grad.reshape(-1, grad.shape[-1])
-        grad_x = grad.matmul(weight) if ctx.needs_input_grad[0] else None
-        grad_w = x.reshape(-1, x.shape[-1]).t().mm(grad_rows).t() if ctx.needs_input_grad[1] else None
+        grad_x = grad.matmul(weight.to(dtype)) if ctx.needs_input_grad[0] else None
+        grad_w = x.reshape(-1, x.shape[-1]).to(dtype).t().mm(grad_rows).t() if ctx.needs_input_grad[1] else None
         grad_b = grad_rows.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return grad_x, grad_w, grad_b
 
