@@ -650,7 +650,7 @@ def test_linear_computes_what_nn_linear_does_forward_and_backward(shape):
     grad = torch.randn(*shape[:-1], 64, generator=g)
     y = layer(x)
     narrow = shape[-1] <= NARROW_INPUT_MAX_FEATURES and x.numel() >= NARROW_WEIGHT_GRAD_MIN_ROWS * shape[-1]
-    assert ("NarrowInputLinear" in type(y.grad_fn).__name__) == narrow  # the narrow way exactly where it pays
+    assert ("LinearFunction" in type(y.grad_fn).__name__) == narrow  # the narrow way exactly where it pays
     assert torch.equal(y, plain(x))  # the forward inference runs, bit for bit
     gx, gw, gb = torch.autograd.grad(y, (x, layer.weight, layer.bias), grad)
     px, pw, pb = torch.autograd.grad(plain(x), (x, plain.weight, plain.bias), grad)
@@ -658,6 +658,24 @@ def test_linear_computes_what_nn_linear_does_forward_and_backward(shape):
     torch.testing.assert_close(gw, pw, rtol=1e-5, atol=1e-4)  # the same sums in another order
     layer(x).backward(grad)
     assert layer.weight.grad.is_contiguous()  # as the optimizer's fused kernel reads it
+
+
+@pytest.mark.parametrize("out", [1, 2])
+def test_compiled_narrow_output_linear_computes_what_nn_linear_does(out):
+    g = torch.Generator().manual_seed(out)
+    layer, plain = Linear(64, out), nn.Linear(64, out)
+    plain.load_state_dict(layer.state_dict())
+    x = torch.randn(1024, 64, generator=g, requires_grad=True)
+    grad = torch.randn(1024, out, generator=g)
+
+    def grads(module: nn.Module) -> tuple[torch.Tensor, ...]:
+        return torch.autograd.grad(module(x), (x, module.weight, module.bias), grad)
+
+    compiled = torch.compile(grads, backend="aot_eager", fullgraph=True)
+    with torch._dynamo.config.patch(trace_autograd_ops=True):
+        ours = compiled(layer)  # broadcast products and sums (is_compiling)
+    for a, b in zip(ours, grads(plain)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-4)
 
 
 def test_linear_under_bf16_autocast_computes_what_nn_linear_does():
