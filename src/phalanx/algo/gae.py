@@ -71,7 +71,7 @@ def compute_gae(
     nv = (1.0 - across_gap) * next_values + across_gap * gap_value
     deltas = rewards + gamma * nv * not_term - values
     # A step whose bootstrap lies beyond the rollout trains on nothing and cuts the trace before it.
-    trained = act * (1.0 - act * not_ended * (1.0 - known))
+    trained = act * (1.0 - not_ended * (1.0 - known))
     # An episode boundary flagged on an inactive step still cuts the trace.
     last = _backward_scan(trained * decay + (1.0 - act) * not_ended, trained * deltas)
     advantages = trained * last

@@ -83,7 +83,7 @@ def _polynomial(s: torch.Tensor, coefficients: tuple[float, ...]) -> torch.Tenso
 
 ACTIVATIONS = {"tanh": FastTanh, "relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}
 
-# A layer with fewer input features than this (and at least `NARROW_WEIGHT_GRAD_MIN_ROWS` rows) computes
+# A layer with at most this many input features (and at least `NARROW_WEIGHT_GRAD_MIN_ROWS` rows) computes
 # its weight gradient as x^T @ grad: torch computes grad^T @ x, a product whose result is `in_features`
 # wide, which MKL runs 4-5x slower below 16 columns (16384 rows, 4 -> 64: 1.2 ms against 0.27 ms; two of
 # them were a twentieth of a large-batch update).
