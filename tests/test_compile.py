@@ -6,7 +6,6 @@ import torch
 import phalanx
 from phalanx.algo import compile_step
 from phalanx.config import resolve
-from phalanx.errors import ConfigError
 from phalanx.trainer import Trainer
 
 CFG = dict(env="cartpole", total_steps=512 * 4, num_envs=8, num_steps=64, num_minibatches=2, progress=False,
@@ -41,28 +40,27 @@ def test_compiled_matches_eager_and_does_not_recompile(tmp_path):
         t.close()
 
 
-def test_compile_refuses_memory_models(tmp_path):
-    with pytest.raises(ConfigError, match="'compile'"):
-        phalanx.train(run_dir=tmp_path / "r", model="lstm", compile=True, **CFG)
-
-
+SMALL_MEMORY = dict(lstm_hidden=16, tf_width=16, tf_layers=1, tf_heads=2, tf_horizon=4, hidden_sizes=[16])
 FULLGRAPH = {
     "mlp": dict(env="cartpole"),
     "cnn": dict(env="pixel_goal", cnn_channels=[4, 8, 8], cnn_dense=16),
     "role_attention": dict(env="drone_swarm", tf_width=16, hidden_sizes=[16]),
+    # Memory models: whole segments per minibatch, and (trial_nav) parked slots, so the loss keeps its mask.
+    "lstm": dict(env="cartpole", **SMALL_MEMORY),
+    "transformer": dict(env="trial_nav", **SMALL_MEMORY),
+    "strategy": dict(env="duel", opponents="", strategy_history=4, **SMALL_MEMORY),
 }
 
 
 @pytest.mark.parametrize("model", sorted(FULLGRAPH))
 def test_update_step_is_one_graph_and_never_recompiles(tmp_path, model):
-    """The minibatch update step (forward, losses, gradients, clip, Adam) of every feed-forward model is
-    captured whole by torch.compile(fullgraph=True) (a graph break would raise) and reused after warm-up."""
+    """The minibatch update step (forward, losses, gradients, clip, Adam) of every model is captured whole by torch.compile(fullgraph=True) (a graph break would raise) and reused after warm-up."""
     torch._dynamo.reset()
     cfg = resolve(dict(FULLGRAPH[model], model=model, num_envs=4, num_steps=8, num_epochs=2, num_minibatches=2,
                        progress=False, tensorboard=False, run_dir=str(tmp_path / model)))
     t = Trainer(cfg)
     try:
-        t._step = compile_step(t._step, dynamic=False, backend="aot_eager")
+        t.compile_update(backend="aot_eager")
         before = [p.detach().clone() for p in t.model.parameters()]
         t.collect()
         t.update()
@@ -101,19 +99,31 @@ def test_compiled_update_step_calls_no_foreach_kernels(tmp_path):
 
 ROLLOUT = {
     # Observation and reward normalisers on: their running statistics are written inside the graph.
-    "mlp": dict(env="cartpole", norm_obs=True, norm_reward=True),
-    "cnn": dict(env="pixel_goal", cnn_channels=[4, 8, 8], cnn_dense=16),
-    "role_attention": dict(env="drone_swarm", tf_width=16, hidden_sizes=[16]),
+    "mlp": dict(model="mlp", env="cartpole", norm_obs=True, norm_reward=True),
+    "cnn": dict(model="cnn", env="pixel_goal", cnn_channels=[4, 8, 8], cnn_dense=16),
+    "role_attention": dict(model="role_attention", env="drone_swarm", tf_width=16, hidden_sizes=[16]),
+    # Memory models: the LSTM state and the KV cache are written in place inside the graph.
+    "lstm": dict(model="lstm", env="pendulum", norm_obs=True, norm_reward=True, num_minibatches=2, **SMALL_MEMORY),
+    "transformer": dict(model="transformer", env="trial_nav", **SMALL_MEMORY),
+    "transformer-mappo": dict(model="transformer", env="bucket_brigade", critic="mappo", env_options={"max_nights": 5},
+                              **SMALL_MEMORY),
+    # Short matches: truncated steps, whose bootstrap the memory critic values from that step's memory.
+    "strategy": dict(model="strategy", env="duel", opponents="", strategy_history=4, env_options={"time_limit": 6},
+                     **SMALL_MEMORY),
+    "lstm-cnn": dict(model="lstm", env="pixel_goal", cnn_channels=[4, 8, 8], cnn_dense=16, **SMALL_MEMORY),
+    # Scripted teammates draw through the rollout's Draws, so they replay inside the graph too.
+    "teammates": dict(model="mlp", env="bucket_brigade", teammates="hero,random", env_options={"max_nights": 5}),
 }
 
 
-@pytest.mark.parametrize("model", sorted(ROLLOUT))
-def test_rollout_step_is_one_graph_and_draws_what_eager_draws(tmp_path, model):
-    """One rollout step (act, env step, buffer writes, episode statistics) of every feed-forward model is
-    captured whole (fullgraph: a break raises), is reused for every step after warm-up, and fills the
-    buffers bit for bit as the eager rollout does: the random draws are replayed, not redrawn."""
+@pytest.mark.parametrize("case", sorted(ROLLOUT))
+def test_rollout_step_is_one_graph_and_draws_what_eager_draws(tmp_path, case):
+    """One rollout step (act, env step, buffer writes, episode statistics, memory) of every model is captured
+    whole (fullgraph: a break raises), is reused for every step after warm-up, and fills the buffers bit for
+    bit as the eager rollout does: the random draws are replayed, not redrawn. Updates run between collects,
+    so later collects act with trained weights; the carried state (memory, counters, env) stays equal."""
     torch._dynamo.reset()
-    make = lambda name: Trainer(resolve(dict(ROLLOUT[model], model=model, num_envs=4, num_steps=8, progress=False,  # noqa: E731
+    make = lambda name: Trainer(resolve(dict(ROLLOUT[case], num_envs=4, num_steps=8, progress=False,  # noqa: E731
                                              tensorboard=False, run_dir=str(tmp_path / name))))
     eager, captured = make("eager"), make("captured")
     try:
@@ -126,6 +136,11 @@ def test_rollout_step_is_one_graph_and_draws_what_eager_draws(tmp_path, model):
                 assert torch.equal(buf, captured.rollout.buf[k]), (i, k)
             for k, v in stats_e.items():
                 assert torch.equal(v, stats_c[k]), (i, k)
+            eager.update(), captured.update()
+        state_e, state_c = eager.rollout.state_tensors(), captured.rollout.state_tensors()
+        assert state_e.keys() == state_c.keys()
+        for k, v in state_e.items():
+            assert torch.equal(v, state_c[k]), k
         assert torch.equal(eager.env.gen.get_state(), captured.env.gen.get_state())
         assert torch.equal(eager.gen.get_state(), captured.gen.get_state())
     finally:
@@ -150,6 +165,49 @@ def test_captured_rollout_values_truncated_final_observations_as_eager_does(tmp_
             assert eager.rollout.buf["truncated"].any(), i
             for k, buf in eager.rollout.buf.items():
                 assert torch.equal(buf, captured.rollout.buf[k]), (i, k)
+    finally:
+        eager.close()
+        captured.close()
+
+
+LEAGUE = {
+    "mlp": dict(model="mlp", hidden_sizes=[16]),
+    "strategy": dict(model="strategy", strategy_history=4, **SMALL_MEMORY),
+}
+
+
+@pytest.mark.parametrize("model", sorted(LEAGUE))
+def test_captured_league_step_is_one_graph_with_a_growing_pool(tmp_path, model):
+    """With league opponents (scripted, the learner, snapshots in the frozen bank) the rollout step is one graph,
+    never recompiled as snapshots enter the bank and short matches draw new opponents, and it fills every
+    buffer, the assignments and the game counts bit for bit as the same step run eagerly (on the CPU the eager
+    rollout forwards each snapshot over its own envs' rows; the graph runs every player over every env)."""
+    torch._dynamo.reset()
+    make = lambda name: Trainer(resolve(dict(  # noqa: E731
+        LEAGUE[model], env="duel", env_options={"time_limit": 6}, opponents="self_play:2,based:1,learner:1", pool_size=2,
+        snapshot_every=32, num_envs=4, num_steps=8, num_minibatches=2, progress=False, tensorboard=False,
+        run_dir=str(tmp_path / name))))
+    eager, captured = make("eager"), make("captured")
+    try:
+        # The captured step's paths, run eagerly: every player over every env, and the memory critic values
+        # every env's final observation (eager on the CPU, the truncated envs' rows only: other float sums).
+        eager.league.captured, eager.rollout.final_values_whole_batch = True, True
+        captured.rollout.capture(backend="aot_eager")
+        assigned = set()
+        for i in range(4):
+            with torch._dynamo.config.patch(error_on_recompile=i > 0):
+                eager.collect(), captured.collect()
+            for k, buf in eager.rollout.buf.items():
+                assert torch.equal(buf, captured.rollout.buf[k]), (i, k)
+            for t in (eager, captured):
+                t.update()
+                t.league.end_update(32 * (i + 1), t.model, t.norms.obs)
+            assert torch.equal(eager.league.assign, captured.league.assign), i
+            assigned |= set(captured.league.assign.tolist())
+        assert [o and o.name for o in eager.league.players] == [o and o.name for o in captured.league.players]
+        assert sum(o is not None and o.kind == "snapshot" for o in captured.league.players) == 3
+        assert len(assigned) > 1
+        assert torch.equal(eager.gen.get_state(), captured.gen.get_state())
     finally:
         eager.close()
         captured.close()

@@ -76,19 +76,20 @@ def _league(tmp_path, mix, n=16, rounds=3, seed=0):
 
 def test_opponents_are_swapped_only_at_resets(tmp_path):
     league, env, model = _league(tmp_path, "rock:1,paper:1,learner:1", rounds=3)
+    league_gen = torch.Generator().manual_seed(1)
     rec = env.reset(seed=0)
     swaps = ends = 0
     for _ in range(40):
         before = league.assign.clone()
-        actions = league.fill(torch.zeros(env.num_envs, 2, dtype=torch.long), rec)
+        actions = league.fill(torch.zeros(env.num_envs, 2, dtype=torch.long), rec, league_gen)
         # Opponent slot plays its assigned scripted move; the learner slot is untouched.
         assert torch.equal(actions[:, 0], torch.zeros(env.num_envs, dtype=torch.long))
-        for i, o in enumerate(league.opponents):
-            if o.kind == "scripted":
+        for i, o in enumerate(league.players):
+            if o is not None and o.kind == "scripted":
                 assert (actions[league.assign == i, 1] == ("rock", "paper").index(o.name)).all()
         rec = env.step(actions)
         done = rec.terminated.all(-1)
-        league.after_step(rec, done, torch.zeros(env.num_envs, 2))
+        league.after_step(rec, done, torch.zeros(env.num_envs, 2), league_gen)
         changed = league.assign != before
         assert not (changed & ~done).any(), "an opponent changed mid-episode"
         swaps += int(changed.sum())
@@ -105,19 +106,20 @@ def test_batched_opponent_actions_equal_per_env_actions(tmp_path):
         model.actor[-1].weight.mul_(200.0)
     snap = league.snapshot(100, model, None)
     league._refresh()
-    league.assign = torch.full((6,), league.opponents.index(snap))
+    league.assign = torch.full((6,), league.players.index(snap))
     rec = env.reset(seed=0)
     rec.obs = torch.rand(6, 2, 4)
-    # Half the envs play the snapshot, the rest `rock` (opponent 0); both the CPU path (a forward over the
-    # snapshot's own envs) and the accelerator path (a static forward over all envs) give the same.
-    mixed = torch.tensor([0, 1, 0, 0, 1, 1]) * league.opponents.index(snap)
-    league.in_use = {0, league.opponents.index(snap)}
-    for select_rows in (True, False):
+    # Half the envs play the snapshot, the rest `rock` (player 0); the CPU path (a forward over the
+    # snapshot's own envs), the accelerator path (a static forward over all envs) and the captured path
+    # (every player of the layout, free bank slots too, over all envs) give the same.
+    mixed = torch.tensor([0, 1, 0, 0, 1, 1]) * league.players.index(snap)
+    league.in_use = {0, league.players.index(snap)}
+    for select_rows, captured in ((True, False), (False, False), (False, True)):
         for assign in (league.assign, mixed):
-            league.assign, league.select_rows = assign, select_rows
-            batched = league.fill(torch.full((6, 2), -1, dtype=torch.long), rec)
+            league.assign, league.select_rows, league.captured = assign, select_rows, captured
+            batched = league.fill(torch.full((6, 2), -1, dtype=torch.long), rec, None)
             for i in range(6):
-                o = league.opponents[int(assign[i])]
+                o = league.players[int(assign[i])]
                 single = snap.policy.act(rec.obs[i : i + 1], greedy=True)[0, 1] if o is snap else 0  # rock
                 assert batched[i, 1] == single
                 assert batched[i, 0] == -1

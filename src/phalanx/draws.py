@@ -117,6 +117,13 @@ def uniform(source: Source, shape: tuple[int, ...], device: torch.device | str, 
     return torch.rand(shape, generator=source, device=device, dtype=dtype)
 
 
+def integers(source: Source, low: int, high: int, shape: tuple[int, ...], device: torch.device | str) -> torch.Tensor:
+    """Integers uniform on [low, high) from a generator (None: the global one) or from `Draws`."""
+    if isinstance(source, Draws):
+        return source.randint(low, high, shape, device)
+    return torch.randint(low, high, shape, generator=source, device=device)
+
+
 def normal(source: Source, shape: tuple[int, ...], device: torch.device | str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Standard normal draws from a generator (None: the global one) or from `Draws`."""
     if isinstance(source, Draws):

@@ -10,6 +10,7 @@ import torch
 from phalanx import checkpoint as ckpt
 from phalanx.algo import Normalizers, RunningMeanStd
 from phalanx.config import Config
+from phalanx.draws import Source
 from phalanx.envs import make
 from phalanx.envs.spaces import Space
 from phalanx.models.protocol import ActorCritic
@@ -53,7 +54,7 @@ class Policy:
 
     @torch.no_grad()
     def act(
-        self, obs: torch.Tensor, greedy: bool = True, generator: torch.Generator | None = None,
+        self, obs: torch.Tensor, greedy: bool = True, generator: Source = None,
         reset: torch.Tensor | None = None, active: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Map a batch of observations [..., A, *obs_shape] to env actions, greedy or sampled.
@@ -102,15 +103,17 @@ def load(run_dir: str | Path, device: str = "cpu", checkpoint: str | Path | None
     return policy
 
 
-def frozen_copy(policy: Policy, weights: dict[str, torch.Tensor], obs_stats: dict[str, torch.Tensor],
-                source: str | Path) -> Policy:
-    """A frozen `Policy` built like `policy`, with other weights and observation statistics (a
-    league snapshot)."""
-    model = copy.deepcopy(policy.model)
-    ckpt.load_weights(model, weights, source)
-    model.eval().requires_grad_(False)
-    rms = None
-    if policy.obs_rms is not None:
-        rms = copy.deepcopy(policy.obs_rms)
-        rms.load_state_dict({k: v.to(policy.device) for k, v in obs_stats.items()})
+def frozen_copy(policy: Policy) -> Policy:
+    """A frozen `Policy` built like `policy`, with a copy of its weights and observation statistics and
+    a memory of its own (a league bank slot; `load_frozen` gives it other weights in place)."""
+    model = copy.deepcopy(policy.model).eval().requires_grad_(False)
+    rms = copy.deepcopy(policy.obs_rms) if policy.obs_rms is not None else None
     return Policy(model, rms, policy.config, policy.observation_space, policy.action_space)
+
+
+def load_frozen(policy: Policy, weights: dict[str, torch.Tensor], obs_stats: dict[str, torch.Tensor], source: str | Path) -> None:
+    """Weights and observation statistics into a frozen policy's own tensors, in place (a compiled or
+    recorded step that reads them stays valid). Its memory is kept: an env that starts playing it starts an episode, which resets its rows."""
+    ckpt.load_weights(policy.model, weights, source)
+    if policy.obs_rms is not None:
+        policy.obs_rms.load_state_dict({k: v.to(policy.device) for k, v in obs_stats.items()})

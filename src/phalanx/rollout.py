@@ -134,9 +134,10 @@ class Rollout:
 
     @property
     def capturable(self) -> bool:
-        """Whether `capture` can take the whole step: a feed-forward model, an env that declares it,
-        and no slots filled by other policies (teammates, the league: they run eagerly)."""
-        return self.env.capturable and not self.model.recurrent and self.teammates is None and self.league is None
+        """Whether `capture` can take the whole step: an env that declares it (every model, teammates and
+        league opponents included: they draw through `draws`, write memory in place, and a captured league
+        runs every player of its fixed layout)."""
+        return self.env.capturable
 
     def compile(self, backend: str = "inductor") -> None:
         """--compile: the whole step captured where `capturable`, else the policy's act_value compiled alone."""
@@ -153,11 +154,14 @@ class Rollout:
         # The critic runs over every final observation: selecting the truncated rows is a host read.
         self.final_values_whole_batch = True
         self.host_branches = False
-        if self.device.type == "cpu" and not self.model.obs_is_image:
+        if self.device.type == "cpu" and not self.model.obs_is_image and not self.model.memory_critic:
             # ... except on the CPU, where the read is free after the loop: the captured step keeps each final
             # observation as the critic would read it, and `_collect` values the truncated ones (a fifth of a
-            # compiled 4096-env cartpole collect went to the whole-batch critic: 84 -> 68 ms without it).
+            # compiled 4096-env cartpole collect went to the whole-batch critic: 84 -> 68 ms without it). Not
+            # for a memory critic: its V(final_obs) reads the memory of that step.
             self._keep_final_inputs()
+        if self.league is not None:
+            self.league.captured = True
         self._t_index = [torch.tensor([t], device=self.device) for t in range(self.cfg.num_steps)]
         self._captured = torch.compile(self._step, fullgraph=True, dynamic=False, backend=backend)
         self._planned = False
@@ -166,12 +170,13 @@ class Rollout:
         """--cuda-graphs: after one eager step that notes the random draws and two warm-up steps, one step
         is recorded as a CUDA graph (phalanx.graphs) and every later step replays it."""
         if not self.capturable:
-            raise ConfigError("config key 'cuda_graphs' needs a feed-forward model (mlp, cnn, role_attention), an env that "
-                              "declares capturable = True, and no teammates or league")
+            raise ConfigError("config key 'cuda_graphs' needs an env that declares capturable = True")
         check_graphs(self.device)
         # The critic runs over every final observation: selecting the truncated rows is a host read.
         self.final_values_whole_batch = True
         self.host_branches = False
+        if self.league is not None:
+            self.league.captured = True
         self._graphed = True
 
     def _keep_final_inputs(self) -> None:
@@ -272,6 +277,8 @@ class Rollout:
         b["active"].copy_(self._learner_rows)
         if model.recurrent:
             self.segment_start = self.memory.clone()
+        if self.league is not None and self._graph is not None and self._graph_layout != self.league.layout:
+            self._graph, self._warm_steps = None, 0  # the league's bank grew: record the step again
         for t in range(self.cfg.num_steps):
             if self._graphed:
                 obs_n = self._graph_step(t, obs_n, stats)
@@ -287,12 +294,11 @@ class Rollout:
                 obs_n = self._step(t, obs_n, stats)
         # What follows step t (unless truncated there) is the observation step t+1 valued in its one
         # forward: the same input, so the same value as a critic call after the env step, one call fewer a
-        # step. After the last step one more call values what follows it (the memory critic did that in its step).
+        # step. After the last step one more call values what follows it.
         nv = b["next_values"]
         if "final_obs" in b:
             self._value_kept_finals()
-        if not model.memory_critic:
-            nv[-1] = torch.where(b["truncated"][-1], nv[-1], self.value(obs_n, self.record.state))
+        nv[-1] = torch.where(b["truncated"][-1], nv[-1], self.value(obs_n, None if model.memory_critic else self.record.state))
         nv[:-1] = torch.where(b["truncated"][:-1], nv[:-1], b["values"][1:])
         return stats
 
@@ -346,6 +352,7 @@ class Rollout:
         io = self._graph_io = GraphInputs(obs_n.clone())
         self._graph_t = torch.zeros(1, dtype=torch.long, device=self.device)
         self._graph_queues = [d.buffers() for d in self.all_draws]
+        self._graph_layout = self.league.layout if self.league is not None else 0
         carried = Carried({"rollout": self, "env": self.env, "io": io, "stats": stats}, skip=(self.model, self.buf))
         graph = torch.cuda.CUDAGraph()
         with self._draw_contexts("replaying", self._graph_queues), torch.cuda.graph(graph):
@@ -372,10 +379,10 @@ class Rollout:
             logp, value = logp.float(), self.denorm(v.float())
         if self.teammates is not None:
             with self.timer.phase("opponents"):
-                action = self.teammates.fill(action, rec, self.gen)
+                action = self.teammates.fill(action, rec, self.draws)
         if self.league is not None:
             with self.timer.phase("opponents"):
-                action = self.league.fill(action, rec)
+                action = self.league.fill(action, rec, self.draws)
         acting = self._learner_rows if rec.quiet else rec.active & learner
         self._write("obs", t, obs_n)
         if "states" in self.buf:
@@ -393,13 +400,12 @@ class Rollout:
         # A quiet record's flags are all false (StepRecord.quiet): nothing ended, nothing was truncated.
         done = rec.terminated if rec.quiet else rec.terminated | rec.truncated
         if model.memory_critic:
-            # Until the last step, what follows is valued by the next step's act_step (same memory, no
-            # reset where the episode goes on): those entries are filled in after the loop.
-            ahead = self.value(next_n, None) if t == cfg.num_steps - 1 else torch.zeros_like(reward)
-            self._write("next_values", t, self.final_values(rec, ahead))
+            # What follows is valued by the next step's act_step (same memory, no reset where the episode
+            # goes on), after the last step by one call after the loop: those entries are filled in there.
+            self._write("next_values", t, self.final_values(rec, self._no_value))
         elif "final_obs" in self.buf:  # valued after the loop where truncated (see _keep_final_inputs)
             self._write("final_obs", t, self.obs_in(rec.final_obs))
-            if rec.final_state is not None:
+            if "final_states" in self.buf:  # MAPPO's critic input (an env may have a state IPPO does not read)
                 self._write("final_states", t, rec.final_state.reshape(self.N, -1))
         elif not rec.quiet:  # filled in after the loop where not truncated (see _collect), so always when quiet
             self._write("next_values", t, self.final_values(rec, self._no_value))
@@ -438,7 +444,7 @@ class Rollout:
         stats["team_episodes"] += env_done.sum()
         if self.league is not None:
             sides = torch.stack([(counters.slot_return * learner).sum(-1), (counters.slot_return * ~learner).sum(-1)], -1)
-            self.league.after_step(rec, env_done, sides)
+            self.league.after_step(rec, env_done, sides, self.draws)
         for k, v in rec.info.items():
             if k in ("episode_return", "episode_length") and k != self.env.success_key:
                 continue  # tracked above, per agent slot

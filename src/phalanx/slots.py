@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from phalanx.draws import Source
 from phalanx.envs.base import StepRecord, VecEnv
 from phalanx.errors import ConfigError
 from phalanx.policy import Policy, load
@@ -55,8 +56,8 @@ class Teammates:
             frozen = load(name[4:], device=str(device)) if name.startswith("run:") else None
             self.groups.append((name, mask, frozen))
 
-    def fill(self, actions: torch.Tensor, record: StepRecord, generator: torch.Generator) -> torch.Tensor:
+    def fill(self, actions: torch.Tensor, record: StepRecord, draws: Source) -> torch.Tensor:
         for name, mask, frozen in self.groups:
-            other = frozen.act(record.obs, greedy=False, generator=generator) if frozen else self.env.scripted_actions(name, record, generator)
+            other = frozen.act(record.obs, greedy=False, generator=draws) if frozen else self.env.scripted_actions(name, record, draws)
             actions = fill_slots(actions, mask, other)
         return actions

@@ -167,9 +167,8 @@ class Trainer:
         # every update in a 1v1 league.
         partial_learner = not bool(self.learner.all())
         self.update_slots = self.learner.nonzero().squeeze(1) if self.model.slot_agnostic and partial_learner else None
-        if cfg.compile and self.model.recurrent:
-            raise ConfigError("config key 'compile' supports feed-forward models (mlp, cnn, role_attention) for now")
         act_value = None if self.model.recurrent else self.model.act_value
+        self.update_compiled = False
         self._step = minibatch_step(self._evaluate, self.optimizer, self.hp,
                                     sync_grads=self.dist.average_grads if self.dist.enabled else None)
         self.timer = PhaseTimer(self.device)
@@ -180,7 +179,7 @@ class Trainer:
             # where a remainder makes two minibatch sizes); the update step and, where the env allows,
             # the rollout step are captured whole.
             self.rollout.compile()
-            self._step = compile_step(self._step, dynamic=False)
+            self.compile_update()
         if cfg.cuda_graphs:
             check_graphs(self.device)
             if self.dist.enabled:
@@ -206,6 +205,11 @@ class Trainer:
             self.lock = runs.RunLock(self.run_dir)
             self.lock.acquire()
         self.dist.barrier()
+
+    def compile_update(self, backend: str = "inductor") -> None:
+        """The minibatch update step captured whole (`compile_step`); `backend` for tests (aot_eager)."""
+        self._step = compile_step(self._step, dynamic=False, backend=backend)
+        self.update_compiled = True
 
     # -- one iteration ---------------------------------------------------------------------------
     def collect(self) -> dict[str, torch.Tensor]:
@@ -240,8 +244,9 @@ class Trainer:
                 self.norms.value.update(ret, trained)
                 ret = self.norms.value.normalize(ret)
             batch = ppo_batch(b, adv, ret, values, trained, self.model.recurrent, self.update_slots)
-            if self.rollout.host_branches and self.rollout.every_step_active(trained):
+            if not self.update_compiled and self.rollout.host_branches and self.rollout.every_step_active(trained):
                 # No mask to test in every mean of every minibatch: a tenth of a small minibatch's ops (#27).
+                # Not compiled: a step without the mask would be a second graph, compiled again.
                 batch = replace(batch, mask=None)
             if cfg.anneal_lr:
                 self.set_lr(cfg.lr * (1.0 - self.update_idx / max(1, self.num_updates)))

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from phalanx.draws import Draws
+from phalanx.draws import Draws, Source
 from phalanx.envs.spaces import Space
 
 
@@ -93,10 +93,12 @@ class VecEnv:
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         raise NotImplementedError
 
-    def scripted_actions(self, name: str, record: StepRecord, generator: torch.Generator) -> torch.Tensor:
+    def scripted_actions(self, name: str, record: StepRecord, draws: Source) -> torch.Tensor:
         """Actions [N, A, ...] of the scripted policy `name` for every slot, given the latest record.
 
-        Scripted policies may read the env's internal state; they must stay batched on the device.
+        Scripted policies may read the env's internal state; they must stay batched on the device, and
+        draw only through `draws` (phalanx.draws.uniform / normal / integers), so that a captured rollout
+        step can replay their draws.
         """
         raise KeyError(f"env '{self.name}' has no scripted policy '{name}'")
 

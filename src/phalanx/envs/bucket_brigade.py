@@ -78,7 +78,7 @@ from dataclasses import dataclass
 import torch
 
 from phalanx.consts import constant
-from phalanx.draws import Draws
+from phalanx.draws import Draws, Source, uniform
 from phalanx.envs import draw
 from phalanx.envs.base import StepRecord, VecEnv, generator_state, set_generator_state
 from phalanx.envs.registry import EnvOption, EnvSpec, register
@@ -154,7 +154,7 @@ def decode_houses(values: torch.Tensor) -> torch.Tensor:
 
 
 def baseline_actions(
-    houses: torch.Tensor, own: torch.Tensor, work_prob: float, own_priority: float, generator: torch.Generator
+    houses: torch.Tensor, own: torch.Tensor, work_prob: float, own_priority: float, draws: Source
 ) -> torch.Tensor:
     """The archetype baseline policy, batched. houses [N, 10] long, own [A] long -> actions [N, A, 2].
 
@@ -163,7 +163,7 @@ def baseline_actions(
     A non-worker rests at home.
     """
     n, a, dev = houses.shape[0], own.shape[0], houses.device
-    u = torch.rand(n, a, 2 + NUM_HOUSES, generator=generator, device=dev)
+    u = uniform(draws, (n, a, 2 + NUM_HOUSES), dev)
     burning = (houses == BURNING).unsqueeze(1)  # [N, 1, 10]
     any_burning = burning.any(-1)  # [N, 1]
     own_burning = (houses[:, own] == BURNING)  # [N, A]
@@ -412,17 +412,17 @@ class BucketBrigadeEnv(VecEnv):
         if night is not None:
             self.night = night.to(device=self.device, dtype=torch.long).reshape(self.num_envs).clone()
 
-    def scripted_actions(self, name: str, record: StepRecord, generator: torch.Generator) -> torch.Tensor:
+    def scripted_actions(self, name: str, record: StepRecord, draws: Source) -> torch.Tensor:
         """Actions [N, A, 2] of archetype `name` (or "random") for every slot, from the record's houses."""
         n, a = self.num_envs, self.num_agents
         if name == "random":
-            u = torch.rand(n, a, 2, generator=generator, device=self.device)
+            u = uniform(draws, (n, a, 2), self.device)
             return (u * self._nvec).long().clamp_max(self._nvec - 1)
         if name not in ARCHETYPES:
             raise KeyError(f"env '{self.name}' has no scripted policy '{name}'; known: {', '.join(self.scripted_names)}")
         p = archetype(name)
         houses = decode_houses(record.obs[:, 0, :NUM_HOUSES])
-        return baseline_actions(houses, self.own, p["work_tendency"] * (1 - p["rest_bias"]), p["own_priority"], generator)
+        return baseline_actions(houses, self.own, p["work_tendency"] * (1 - p["rest_bias"]), p["own_priority"], draws)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {

@@ -137,7 +137,7 @@ from dataclasses import dataclass
 import torch
 
 from phalanx.consts import constant
-from phalanx.draws import Draws
+from phalanx.draws import Draws, Source, normal
 from phalanx.envs.base import StepRecord, VecEnv, generator_state, set_generator_state
 from phalanx.envs.registry import EnvOption, EnvSpec, register
 from phalanx.envs.spaces import Box
@@ -800,11 +800,11 @@ class DroneSwarmEnv(VecEnv):
         return dict(self._fresh0)
 
     # --- scripted policies ------------------------------------------------------------------------
-    def scripted_actions(self, name: str, record: StepRecord, generator: torch.Generator) -> torch.Tensor:
+    def scripted_actions(self, name: str, record: StepRecord, draws: Source) -> torch.Tensor:
         """Raw actions [N, A, 4] of the scripted policy `name` ("planner" or "random")."""
         n, a = self.num_envs, self.num_agents
         if name == "random":
-            return torch.randn(n, a, 4, generator=generator, device=self.device)
+            return normal(draws, (n, a, 4), self.device)
         if name == "planner":
             return self._planner()
         raise KeyError(f"env '{self.name}' has no scripted policy '{name}'; known: {', '.join(self.scripted_names)}")

@@ -88,7 +88,7 @@ from __future__ import annotations
 import torch
 
 from phalanx.consts import constant
-from phalanx.draws import Draws
+from phalanx.draws import Draws, Source, uniform
 from phalanx.envs import draw
 from phalanx.envs.base import StepRecord, VecEnv, generator_state, set_generator_state
 from phalanx.envs.registry import EnvOption, EnvSpec, register
@@ -633,11 +633,11 @@ class DuelEnv(VecEnv):
         own = dir_ * self._mirror
         return (own < 0).long(), (own > 0).long()
 
-    def scripted_actions(self, name: str, record: StepRecord, generator: torch.Generator) -> torch.Tensor:
+    def scripted_actions(self, name: str, record: StepRecord, draws: Source) -> torch.Tensor:
         """Keys [N, 2, 10] of script `name` for both fighters (each playing against the other)."""
         n, dev = self.num_envs, self.device
         if name == "random":
-            return (torch.rand(n, 2, NUM_KEYS, generator=generator, device=dev) < 0.5).long()
+            return (uniform(draws, (n, 2, NUM_KEYS), dev) < 0.5).long()
         keys = torch.zeros(n, 2, NUM_KEYS, dtype=torch.long, device=dev)
         if name == "constant":
             return keys

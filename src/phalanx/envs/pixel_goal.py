@@ -77,7 +77,7 @@ from collections import deque
 
 import torch
 
-from phalanx.draws import Draws
+from phalanx.draws import Draws, Source, integers
 from phalanx.envs.base import StepRecord, VecEnv, generator_state, set_generator_state
 from phalanx.envs.registry import EnvOption, EnvSpec, register
 from phalanx.envs.spaces import Box, Discrete
@@ -542,10 +542,10 @@ class PixelGoalEnv(VecEnv):
         return self._record(self.frames, final_obs, reward, terminated, truncated, info), every
 
     # --- scripted policies -------------------------------------------------------------------------
-    def scripted_actions(self, name: str, record: StepRecord, generator: torch.Generator) -> torch.Tensor:
+    def scripted_actions(self, name: str, record: StepRecord, draws: Source) -> torch.Tensor:
         n = self.num_envs
         if name == "random":
-            return torch.randint(0, len(ACTION_NAMES), (n, 1), generator=generator, device=self.device)
+            return integers(draws, 0, len(ACTION_NAMES), (n, 1), self.device)
         if name == "oracle":
             return self.oracle[self.pos[:, 0], self.pos[:, 1]].view(n, 1)
         raise KeyError(f"env '{self.name}' has no scripted policy '{name}'; known: {', '.join(self.scripted_names)}")

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import torch
 
+from phalanx.draws import Source, integers
 from phalanx.envs import draw
 from phalanx.envs.base import StepRecord, VecEnv
 from phalanx.envs.registry import EnvOption, EnvSpec, register
@@ -270,10 +271,10 @@ class TrialNavWorld(VecEnv):
         )
         return torch.where((dr == 0) & (dc == 0), STAY, act)
 
-    def scripted_actions(self, name: str, record: StepRecord, generator: torch.Generator) -> torch.Tensor:
+    def scripted_actions(self, name: str, record: StepRecord, draws: Source) -> torch.Tensor:
         n, a = self.num_envs, self.num_agents
         if name == "random":
-            return torch.randint(0, len(DELTAS), (n, a), generator=generator, device=self.device)
+            return integers(draws, 0, len(DELTAS), (n, a), self.device)
         if name == "oracle":
             return self.navigate(self.goal.unsqueeze(1).expand(n, a))
         if name == "sweep":

@@ -65,7 +65,7 @@ from typing import Protocol
 
 import torch
 
-from phalanx.draws import Draws
+from phalanx.draws import Draws, Source
 from phalanx.envs import draw
 from phalanx.envs.base import StepRecord, VecEnv, generator_state, set_generator_state
 from phalanx.envs.spaces import Box
@@ -251,8 +251,8 @@ class MultiTrialEnv(VecEnv):
             info=info,
         )
 
-    def scripted_actions(self, name: str, record: StepRecord, generator: torch.Generator) -> torch.Tensor:
-        return self.inner.scripted_actions(name, record, generator)
+    def scripted_actions(self, name: str, record: StepRecord, draws: Source) -> torch.Tensor:
+        return self.inner.scripted_actions(name, record, draws)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         out = {

@@ -27,9 +27,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from phalanx.checkpoint import section
+from phalanx.draws import Source, uniform
 from phalanx.errors import CheckpointError, ConfigError
 from phalanx.league.ratings import DRAW, LEARNER, LOSS, WIN, Ratings
-from phalanx.policy import Policy, frozen_copy
+from phalanx.policy import Policy, frozen_copy, load_frozen
 from phalanx.slots import fill_slots, opponent_slots
 
 SELF_PLAY = "self_play"
@@ -62,7 +63,7 @@ def parse_mix(text: str, scripted: tuple[str, ...]) -> list[tuple[str, float]]:
 class Opponent:
     name: str
     kind: str  # "scripted" | "learner" | "snapshot"
-    policy: Policy | None = None  # learner / snapshots
+    policy: Policy | None = None  # the learner's copy with its own memory / a bank slot's frozen policy
     step: int = 0
     pinned: bool = False
     retired: bool = False  # out of the pool: no new games, kept until no env plays it
@@ -92,8 +93,9 @@ def save_snapshot(run_dir: Path, name: str, model: torch.nn.Module, obs_rms: Any
     return path
 
 
-def load_snapshot(run_dir: Path, name: str, learner_policy: Policy) -> Policy:
-    """A frozen `Policy` with a snapshot's weights, built like the learner's policy."""
+def load_snapshot(run_dir: Path, name: str, learner_policy: Policy, into: Policy | None = None) -> Policy:
+    """A frozen `Policy` with a snapshot's weights, built like the learner's policy (or `into`, a frozen
+    policy whose tensors take them in place)."""
     path = snapshot_path(run_dir, name)
     try:
         tensors = load_file(str(path))
@@ -101,7 +103,16 @@ def load_snapshot(run_dir: Path, name: str, learner_policy: Policy) -> Policy:
         raise CheckpointError(f"league snapshot '{path}' is missing") from None
     except Exception as e:  # safetensors raises several types for damaged files
         raise CheckpointError(f"league snapshot '{path}' is unreadable: {e}") from None
-    return frozen_copy(learner_policy, section(tensors, "model"), section(tensors, "obs_rms"), f"league snapshot '{path}'")
+    policy = into if into is not None else frozen_copy(learner_policy)
+    load_frozen(policy, section(tensors, "model"), section(tensors, "obs_rms"), f"league snapshot '{path}'")
+    return policy
+
+
+def draw_players(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Player indices, one per uniform draw in `u`, with probabilities proportional to `weights` (the
+    inverse of the cumulative weights: one draw per env, replayable in a captured step)."""
+    cdf = weights.cumsum(0)
+    return torch.searchsorted(cdf, u * cdf[-1], right=True).clamp_max(weights.shape[0] - 1)
 
 
 def learner_outcome(info: dict[str, torch.Tensor], side_returns: torch.Tensor) -> torch.Tensor:
@@ -119,29 +130,57 @@ def learner_outcome(info: dict[str, torch.Tensor], side_returns: torch.Tensor) -
 
 
 class League:
-    """Opponents for the opponent slots of every env, sampled per episode; see the module docstring."""
+    """Opponents for the opponent slots of every env, sampled per episode; see the module docstring.
+
+    Players sit in a fixed layout, `players[i]` being the opponent of the envs with `assign == i`: the
+    mix's scripted policies, the learner, then a bank of frozen policies that snapshots take turns in
+    (None: a free slot). A snapshot's weights are copied into its slot's tensors in place, so a captured
+    rollout step, which runs every player over every env and keeps each env's own, reads the same
+    tensors for the whole run."""
 
     def __init__(self, cfg: Any, env: Any, run_dir: Path, learner_policy: Any, generator: torch.Generator):
-        self.cfg, self.env, self.run_dir, self.gen = cfg, env, Path(run_dir), generator
+        self.cfg, self.env, self.run_dir = cfg, env, Path(run_dir)
         self.device, self.N = env.device, env.num_envs
         self.slots = opponent_slots(env.num_agents, env.device)
         self.slot_index = self.slots.nonzero().squeeze(1)
         self.select_rows = torch.device(env.device).type == "cpu"
+        self.captured = False
         self.mix = dict(parse_mix(cfg.opponents, env.scripted_names))
         self.learner_policy = learner_policy
         self.ratings = Ratings()
-        self.opponents: list[Opponent] = [Opponent(n, "scripted") for n in self.mix if n not in (SELF_PLAY, LEARNER)]
         self.learner_as_opponent = copy.copy(learner_policy)  # same weights, its own memory
-        self.opponents.append(Opponent(LEARNER, "learner", self.learner_as_opponent))
-        for o in self.opponents:
-            if o.kind == "scripted":
-                self.ratings.ensure(o.name)
+        self.players: list[Opponent | None] = [Opponent(n, "scripted") for n in self.mix if n not in (SELF_PLAY, LEARNER)]
+        for o in self.players:
+            self.ratings.ensure(o.name)
+        self.players.append(Opponent(LEARNER, "learner", self.learner_as_opponent))
+        self.bank_start = len(self.players)
+        self.bank: list[Policy] = []
+        self.weights = torch.zeros(len(self.players), device=self.device)
+        self.counts = torch.zeros(len(self.players), 3, device=self.device)
+        self.layout = 0  # bumped where the bank grows: a recorded CUDA graph of the old layout is stale
+        # Room for the pool, every pinned snapshot of the run and one retired snapshot still being played;
+        # more (a slot freed only when its last game ends) grows the bank, which a captured step re-traces.
+        if self.mix.get(SELF_PLAY, 0.0) > 0:
+            self._grow(cfg.pool_size + 1 + (cfg.total_steps // cfg.pin_every if cfg.pin_every else 0))
         self.snapshot_every = cfg.snapshot_every or max(cfg.batch_size, cfg.total_steps // 20)
         self.last_snapshot_step = 0
         self._refresh()
-        self.assign = torch.multinomial(self.weights, self.N, replacement=True, generator=self.gen)
+        self.assign = draw_players(self.weights, torch.rand(self.N, generator=generator, device=self.device))
         self.reset_next = torch.ones(self.N, dtype=torch.bool, device=self.device)
-        self.in_use = set(range(len(self.opponents)))
+        self.in_use = set(range(len(self.players)))
+
+    def _grow(self, slots: int) -> None:
+        """`slots` more bank slots (frozen copies of the learner, free until a snapshot takes one)."""
+        self.bank += [frozen_copy(self.learner_policy) for _ in range(slots)]
+        self.players += [None] * slots
+        self.weights = torch.cat([self.weights, self.weights.new_zeros(slots)])
+        self.counts = torch.cat([self.counts, self.counts.new_zeros(slots, 3)])
+        self.layout += 1
+
+    @property
+    def opponents(self) -> list[Opponent]:
+        """The players that exist (scripted, the learner, snapshots), in layout order."""
+        return [o for o in self.players if o is not None]
 
     # -- sampling ------------------------------------------------------------------------------------
     def _snapshot_weights(self, snaps: list[int]) -> list[float]:
@@ -149,25 +188,26 @@ class League:
         if mode == "uniform":
             return [1.0] * len(snaps)
         if mode == "latest":
-            newest = max(snaps, key=lambda i: self.opponents[i].step)
+            newest = max(snaps, key=lambda i: self.players[i].step)
             return [1.0 if i == newest else 0.0 for i in snaps]
         out = []
         for i in snaps:  # pfsp: favour snapshots the learner does not yet beat
-            p = self.ratings.players.get(self.opponents[i].name)
+            p = self.ratings.players.get(self.players[i].name)
             n = p.learner_wins + p.learner_draws + p.learner_losses if p else 0
             score = (p.learner_wins + 0.5 * p.learner_draws) / n if n else 0.5
             out.append((1.0 - score) ** 2 + 0.05)
         return out
 
     def _refresh(self) -> None:
-        """Recompute the sampling weights over `self.opponents` (host side; between updates)."""
-        w = [0.0] * len(self.opponents)
-        for i, o in enumerate(self.opponents):
-            if o.kind == "scripted":
+        """Recompute the sampling weights over the players (host side; between updates) into the same
+        tensors (a recorded CUDA graph reads them), and clear the game counts."""
+        w = [0.0] * len(self.players)
+        for i, o in enumerate(self.players):
+            if o is not None and o.kind == "scripted":
                 w[i] = self.mix[o.name]
-            elif o.kind == "learner":
+            elif o is not None and o.kind == "learner":
                 w[i] = self.mix.get(LEARNER, 0.0)
-        snaps = [i for i, o in enumerate(self.opponents) if o.kind == "snapshot" and not o.retired]
+        snaps = [i for i, o in enumerate(self.players) if o is not None and o.kind == "snapshot" and not o.retired]
         sp = self.mix.get(SELF_PLAY, 0.0)
         if sp > 0:
             if not snaps:
@@ -177,49 +217,52 @@ class League:
                 total = sum(sw)
                 for i, x in zip(snaps, sw):
                     w[i] = sp * x / total
-        self.weights = torch.tensor(w, dtype=torch.float32, device=self.device)
-        self.counts = torch.zeros(len(self.opponents), 3, device=self.device)
+        self.weights.copy_(torch.tensor(w, dtype=torch.float32))
+        self.counts.zero_()
 
     def _index(self, name: str) -> int:
-        return next(i for i, o in enumerate(self.opponents) if o.name == name)
+        return next(i for i, o in enumerate(self.players) if o is not None and o.name == name)
 
     # -- rollout (on the device, no host reads) ---------------------------------------------------------
-    def fill(self, actions: torch.Tensor, record: Any) -> torch.Tensor:
-        """Replace the opponent slots' actions: one batched forward per opponent in play."""
+    def fill(self, actions: torch.Tensor, record: Any, draws: Source) -> torch.Tensor:
+        """Replace the opponent slots' actions: one batched forward per player in play (captured: every
+        player, free bank slots included, over every env, so the step's shape never changes)."""
         reset = self.reset_next[:, None].expand(self.N, self.slots.shape[0])
         side = self.slot_index
-        for i in sorted(self.in_use):
-            o = self.opponents[i]
+        playing = range(len(self.players)) if self.captured else sorted(self.in_use)
+        for i in playing:
+            o = self.players[i]
+            policy = self.bank[i - self.bank_start] if i >= self.bank_start else o.policy
             mine = self.assign == i
-            if o.kind != "scripted" and not o.policy.recurrent:
+            if policy is not None and not policy.recurrent:
                 # A feed-forward snapshot acts for its own envs' opponent slots only: with a pool of P
                 # snapshots, forwarding every env through each would cost P full batches per step.
                 # Selecting rows is free on the CPU; on an accelerator it would synchronise, so there
                 # the forward keeps the static shape of all envs (opponent slots only).
-                rows = mine.nonzero().squeeze(1) if self.select_rows else None
+                rows = mine.nonzero().squeeze(1) if self.select_rows and not self.captured else None
                 if rows is not None and rows.numel() == 0:
                     continue
                 if rows is None:
-                    other = o.policy.act(record.obs[:, side], greedy=False, generator=self.gen)
+                    other = policy.act(record.obs[:, side], greedy=False, generator=draws)
                     actions = actions.clone()
                     actions[:, side] = fill_slots(actions[:, side], mine[:, None].expand(self.N, len(side)), other)
                 else:
-                    other = o.policy.act(record.obs[rows][:, side], greedy=False, generator=self.gen).to(actions.dtype)
+                    other = policy.act(record.obs[rows][:, side], greedy=False, generator=draws).to(actions.dtype)
                     actions = actions.index_put((rows[:, None], side[None, :]), other)
                 continue
-            if o.kind == "scripted":
-                other = self.env.scripted_actions(o.name, record, self.gen)
+            if policy is None:
+                other = self.env.scripted_actions(o.name, record, draws)
             else:
-                other = o.policy.act(record.obs, greedy=False, generator=self.gen, reset=reset, active=record.active)
+                other = policy.act(record.obs, greedy=False, generator=draws, reset=reset, active=record.active)
             actions = fill_slots(actions, self.slots[None, :] & mine[:, None], other)
         self.reset_next = torch.zeros_like(self.reset_next)
         return actions
 
-    def after_step(self, record: Any, env_done: torch.Tensor, side_returns: torch.Tensor) -> None:
+    def after_step(self, record: Any, env_done: torch.Tensor, side_returns: torch.Tensor, draws: Source) -> None:
         """Count finished games by opponent and draw new opponents where episodes ended."""
         outcome = learner_outcome(record.info, side_returns)
         self.counts.index_put_((self.assign, outcome), env_done.float(), accumulate=True)
-        fresh = torch.multinomial(self.weights, self.N, replacement=True, generator=self.gen)
+        fresh = draw_players(self.weights, uniform(draws, (self.N,), self.device))
         self.assign = torch.where(env_done, fresh, self.assign)
         self.reset_next = env_done
 
@@ -229,13 +272,13 @@ class League:
 
         Returns per-opponent metrics for the log (`league_win_rate_<name>`, `league_games`).
         """
-        counts = torch.cat([self.counts, torch.bincount(self.assign, minlength=len(self.opponents))[:, None].float()], 1)
+        counts = torch.cat([self.counts, torch.bincount(self.assign, minlength=len(self.players))[:, None].float()], 1)
         rows = counts.tolist()  # the league's one host read per update
         metrics: dict[str, float] = {}
         by_kind: dict[str, list[int]] = {}
-        for o, (w, d, lo, _) in zip(self.opponents, rows):
+        for o, (w, d, lo, _) in zip(self.players, rows):
             w, d, lo = int(w), int(d), int(lo)
-            if w + d + lo == 0:
+            if o is None or w + d + lo == 0:
                 continue
             key = SELF_PLAY if o.kind == "snapshot" else o.name  # per-snapshot figures live in the ratings
             tot = by_kind.setdefault(key, [0, 0, 0])
@@ -253,73 +296,88 @@ class League:
         self._refresh()
         return metrics
 
+    def _free_slot(self) -> int:
+        free = [i for i in range(self.bank_start, len(self.players)) if self.players[i] is None]
+        if not free:
+            self._grow(1)
+            return len(self.players) - 1
+        return free[0]
+
     def snapshot(self, step: int, model: torch.nn.Module, obs_rms: Any) -> Opponent:
         name = f"snapshot_{step:012d}"
         save_snapshot(self.run_dir, name, model, obs_rms)
         pin = self.cfg.pin_every > 0 and (step // self.cfg.pin_every) > (self.last_snapshot_step // self.cfg.pin_every)
-        opp = Opponent(name, "snapshot", load_snapshot(self.run_dir, name, self.learner_policy), step, pinned=pin)
-        self.opponents.append(opp)
+        slot = self._free_slot()
+        policy = load_snapshot(self.run_dir, name, self.learner_policy, into=self.bank[slot - self.bank_start])
+        opp = self.players[slot] = Opponent(name, "snapshot", policy, step, pinned=pin)
         self.ratings.ensure(name, like=LEARNER)
         self.last_snapshot_step = step
-        pool = [o for o in self.opponents if o.kind == "snapshot" and not o.retired and not o.pinned]
+        pool = [o for o in self.players if o is not None and o.kind == "snapshot" and not o.retired and not o.pinned]
         for old in pool[: max(0, len(pool) - self.cfg.pool_size)]:
             old.retired = True
-        self.in_use.add(len(self.opponents) - 1)
+        self.in_use.add(slot)
         return opp
 
     def _drop_unused(self) -> None:
-        """Forget retired snapshots no env plays any more (their ratings stay in the table)."""
-        keep = [i for i, o in enumerate(self.opponents) if not (o.retired and i not in self.in_use)]
-        if len(keep) == len(self.opponents):
-            return
-        remap = torch.full((len(self.opponents),), -1, dtype=torch.long, device=self.device)
-        remap[torch.tensor(keep, device=self.device)] = torch.arange(len(keep), device=self.device)
-        self.assign = remap[self.assign]
-        self.in_use = {keep.index(i) for i in self.in_use if i in keep}
-        self.opponents = [self.opponents[i] for i in keep]
+        """Free the bank slots of retired snapshots no env plays any more (their ratings stay in the table)."""
+        for i, o in enumerate(self.players):
+            if o is not None and o.retired and i not in self.in_use:
+                self.players[i] = None
 
     # -- persistence ------------------------------------------------------------------------------------
     def state_json(self, step: int) -> dict[str, Any]:
         return {
             "step": step,
             "last_snapshot_step": self.last_snapshot_step,
-            "opponents": [{"name": o.name, "kind": o.kind, "step": o.step, "pinned": o.pinned, "retired": o.retired}
-                          for o in self.opponents],
+            "opponents": [{"name": o.name, "kind": o.kind, "step": o.step, "pinned": o.pinned, "retired": o.retired,
+                           "slot": i} for i, o in enumerate(self.players) if o is not None],
             "ratings": self.ratings.to_json(),
             "in_use": sorted(self.in_use),
         }
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         out = {"league.assign": self.assign, "league.reset_next": self.reset_next}
-        for i, o in enumerate(self.opponents):
-            mem = o.policy.memory if o.policy is not None else None
+        for i, o in enumerate(self.players):
+            mem = o.policy.memory if o is not None and o.policy is not None else None
             if mem is not None:
                 for f in dataclasses.fields(mem):
                     out[f"league.memory.{i}.{f.name}"] = getattr(mem, f.name)
         return out
 
     def load(self, data: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
-        """Restore from a checkpoint's league state (snapshots are reloaded from their files)."""
+        """Restore from a checkpoint's league state (snapshots are reloaded from their files into their
+        bank slots). A state from before the fixed layout (no `slot`) lists the players in the order its
+        `assign` indexes: it is laid out here and its indices mapped."""
         self.ratings = Ratings.from_json(data["ratings"])
         self.last_snapshot_step = int(data["last_snapshot_step"])
-        opponents = []
-        for d in data["opponents"]:
+        entries = data["opponents"]
+        slots = [d.get("slot") for d in entries]
+        if None in slots:  # the older format: scripted and the learner keep their places, snapshots fill the bank
+            fixed = {o.name: i for i, o in enumerate(self.players[: self.bank_start])}
+            bank = iter(range(self.bank_start, 1 << 30))
+            slots = [fixed[d["name"]] if d["kind"] != "snapshot" else next(bank) for d in entries]
+        if max(slots, default=0) >= len(self.players):
+            self._grow(max(slots) + 1 - len(self.players))
+        self.players[self.bank_start:] = [None] * (len(self.players) - self.bank_start)
+        for d, i in zip(entries, slots):
+            o = self.players[i] if i < self.bank_start else None
             if d["kind"] == "snapshot":
-                policy = load_snapshot(self.run_dir, d["name"], self.learner_policy)
-            elif d["kind"] == "learner":
-                policy = self.learner_as_opponent
-            else:
-                policy = None
-            opponents.append(Opponent(d["name"], d["kind"], policy, d["step"], d["pinned"], d["retired"]))
-        self.opponents = opponents
+                policy = load_snapshot(self.run_dir, d["name"], self.learner_policy, into=self.bank[i - self.bank_start])
+                o = self.players[i] = Opponent(d["name"], "snapshot", policy)
+            o.step, o.pinned, o.retired = d["step"], d["pinned"], d["retired"]
+        remap = torch.tensor(slots, dtype=torch.long)
         dev = self.device
-        self.assign = tensors["league.assign"].to(dev)
+        assign = tensors["league.assign"].to(dev)
+        self.assign = assign if "slot" in entries[0] else remap.to(dev)[assign]
         self.reset_next = tensors["league.reset_next"].to(dev)
-        for i, o in enumerate(self.opponents):
-            fields = {k.rsplit(".", 1)[1]: v.to(dev) for k, v in tensors.items() if k.startswith(f"league.memory.{i}.")}
+        for old, i in enumerate(slots):
+            key = old if "slot" not in entries[0] else i
+            fields = {k.rsplit(".", 1)[1]: v.to(dev) for k, v in tensors.items() if k.startswith(f"league.memory.{key}.")}
+            o = self.players[i]
             if fields and o.policy is not None:
                 o.policy.memory = type(self.learner_policy.model.initial_state(1, dev))(**fields)
-        self.in_use = set(data["in_use"])
+        in_use = data["in_use"] if "slot" in entries[0] else [slots[j] for j in data["in_use"]]
+        self.in_use = set(in_use)
         self._refresh()
 
     def prune_files(self) -> None:
