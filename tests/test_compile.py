@@ -107,9 +107,7 @@ ROLLOUT = {
     "transformer": dict(model="transformer", env="trial_nav", **SMALL_MEMORY),
     "transformer-mappo": dict(model="transformer", env="bucket_brigade", critic="mappo", env_options={"max_nights": 5},
                               **SMALL_MEMORY),
-    # Short matches: truncated steps, whose bootstrap the memory critic values from that step's memory.
-    "strategy": dict(model="strategy", env="duel", opponents="", strategy_history=4, env_options={"time_limit": 6},
-                     **SMALL_MEMORY),
+    # strategy: in test_captured_league_step_is_one_graph_with_a_growing_pool (with truncated steps).
     "lstm-cnn": dict(model="lstm", env="pixel_goal", cnn_channels=[4, 8, 8], cnn_dense=16, **SMALL_MEMORY),
     # Scripted teammates draw through the rollout's Draws, so they replay inside the graph too.
     "teammates": dict(model="mlp", env="bucket_brigade", teammates="hero,random", env_options={"max_nights": 5}),
@@ -181,7 +179,8 @@ def test_captured_league_step_is_one_graph_with_a_growing_pool(tmp_path, model):
     """With league opponents (scripted, the learner, snapshots in the frozen bank) the rollout step is one graph,
     never recompiled as snapshots enter the bank and short matches draw new opponents, and it fills every
     buffer, the assignments and the game counts bit for bit as the same step run eagerly (on the CPU the eager
-    rollout forwards each snapshot over its own envs' rows; the graph runs every player over every env)."""
+    rollout forwards each snapshot over its own envs' rows; the graph runs every player over every env).
+    Matches of 6 steps: truncated steps, whose bootstrap a memory critic values from that step's memory."""
     torch._dynamo.reset()
     make = lambda name: Trainer(resolve(dict(  # noqa: E731
         LEAGUE[model], env="duel", env_options={"time_limit": 6}, opponents="self_play:2,based:1,learner:1", pool_size=2,
@@ -189,9 +188,8 @@ def test_captured_league_step_is_one_graph_with_a_growing_pool(tmp_path, model):
         run_dir=str(tmp_path / name))))
     eager, captured = make("eager"), make("captured")
     try:
-        # The captured step's paths, run eagerly: every player over every env, and the memory critic values
-        # every env's final observation (eager on the CPU, the truncated envs' rows only: other float sums).
-        eager.league.captured, eager.rollout.final_values_whole_batch = True, True
+        # The captured step's path, run eagerly: every player over every env.
+        eager.league.select_rows = False
         captured.rollout.capture(backend="aot_eager")
         assigned = set()
         for i in range(4):

@@ -16,6 +16,9 @@ WORKLOADS = {
     "bucket_brigade": dict(env="bucket_brigade"),
     "drone_swarm": dict(env="drone_swarm", model="role_attention", tf_width=16, hidden_sizes=[16]),
     "pixel_goal": dict(env="pixel_goal", model="cnn", cnn_channels=[4, 8, 8], cnn_dense=16),
+    # A KV cache written in place; league opponents (scripted, the learner, the frozen bank) in the graph.
+    "trial_nav": dict(env="trial_nav", model="transformer", tf_width=16, tf_layers=1, tf_heads=2, tf_horizon=4),
+    "duel": dict(env="duel", env_options={"time_limit": 12}, hidden_sizes=[16], opponents="based:1,learner:1,self_play:1"),
 }
 
 

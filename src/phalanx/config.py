@@ -116,7 +116,7 @@ class Config:
                         "float32)", choices=("fp32", "bf16"))
     compile: bool = _f(False, "torch.compile the rollout step (whole where the env is capturable, else the policy's act) and the update step (first updates are slow)")
     cuda_graphs: bool = _f(False, "record the rollout step and the minibatch update step as CUDA graphs and replay them "
-                                  "(CUDA only; a feed-forward model and an env that declares capturable; no teammates, league or torchrun)")
+                                  "(CUDA only; an env that declares capturable; no torchrun)")
     # Run.
     run_dir: str = _f("", "run directory (default: runs/<env>-<time>)")
     checkpoint_every: int = _f(0, "write a checkpoint every this many steps (0: every 10% of the run)", min=0)

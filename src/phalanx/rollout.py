@@ -126,6 +126,7 @@ class Rollout:
         # Who acts after a quiet step (StepRecord.quiet: every slot active): the learner's slots, every env.
         self._learner_rows = learner.expand(self.N, self.A)
         self._captured: Callable | None = None
+        self._finals_after_step = False  # a captured CPU step leaves the memory critic's V(final_obs) to `_collect`
         self._planned = False
         self._graphed = False
         self._graph: torch.cuda.CUDAGraph | None = None
@@ -154,14 +155,18 @@ class Rollout:
         # The critic runs over every final observation: selecting the truncated rows is a host read.
         self.final_values_whole_batch = True
         self.host_branches = False
-        if self.device.type == "cpu" and not self.model.obs_is_image and not self.model.memory_critic:
-            # ... except on the CPU, where the read is free after the loop: the captured step keeps each final
-            # observation as the critic would read it, and `_collect` values the truncated ones (a fifth of a
-            # compiled 4096-env cartpole collect went to the whole-batch critic: 84 -> 68 ms without it). Not
-            # for a memory critic: its V(final_obs) reads the memory of that step.
+        if self.device.type == "cpu" and self.model.memory_critic:
+            # ... except on the CPU, where reading which slots were truncated is free: a memory critic's
+            # V(final_obs) reads that step's memory, so it runs after each captured step, over the truncated
+            # envs only (in the step, over every env, it was a second transformer forward a step on trial_nav).
+            self.final_values_whole_batch, self._finals_after_step = False, True
+        elif self.device.type == "cpu" and not self.model.obs_is_image:
+            # ... and for a memory-less critic, after the loop: the captured step keeps each final observation
+            # as the critic would read it, and `_collect` values the truncated ones (a fifth of a compiled
+            # 4096-env cartpole collect went to the whole-batch critic: 84 -> 68 ms without it).
             self._keep_final_inputs()
         if self.league is not None:
-            self.league.captured = True
+            self.league.select_rows = False
         self._t_index = [torch.tensor([t], device=self.device) for t in range(self.cfg.num_steps)]
         self._captured = torch.compile(self._step, fullgraph=True, dynamic=False, backend=backend)
         self._planned = False
@@ -176,7 +181,7 @@ class Rollout:
         self.final_values_whole_batch = True
         self.host_branches = False
         if self.league is not None:
-            self.league.captured = True
+            self.league.select_rows = False
         self._graphed = True
 
     def _keep_final_inputs(self) -> None:
@@ -282,14 +287,17 @@ class Rollout:
         for t in range(self.cfg.num_steps):
             if self._graphed:
                 obs_n = self._graph_step(t, obs_n, stats)
-            elif self._captured is not None and self._planned:
-                with self._draw_contexts("ahead"):
-                    obs_n = self._captured(self._t_index[t], obs_n, stats)
             elif self._captured is not None:
-                # The eager step before the first captured one notes what it draws (the plan replayed later).
-                with self._draw_contexts("recording"):
-                    obs_n = self._step(t, obs_n, stats)
-                self._planned = True
+                if self._planned:
+                    with self._draw_contexts("ahead"):
+                        obs_n = self._captured(self._t_index[t], obs_n, stats)
+                else:  # the eager step before the first captured one notes what it draws (the plan replayed later)
+                    with self._draw_contexts("recording"):
+                        obs_n = self._step(t, obs_n, stats)
+                    self._planned = True
+                if self._finals_after_step:
+                    nv = self._rows["next_values"][t]
+                    nv.copy_(self.final_values(self.record, nv))
             else:
                 obs_n = self._step(t, obs_n, stats)
         # What follows step t (unless truncated there) is the observation step t+1 valued in its one
@@ -402,7 +410,8 @@ class Rollout:
         if model.memory_critic:
             # What follows is valued by the next step's act_step (same memory, no reset where the episode
             # goes on), after the last step by one call after the loop: those entries are filled in there.
-            self._write("next_values", t, self.final_values(rec, self._no_value))
+            if not self._finals_after_step:
+                self._write("next_values", t, self.final_values(rec, self._no_value))
         elif "final_obs" in self.buf:  # valued after the loop where truncated (see _keep_final_inputs)
             self._write("final_obs", t, self.obs_in(rec.final_obs))
             if "final_states" in self.buf:  # MAPPO's critic input (an env may have a state IPPO does not read)

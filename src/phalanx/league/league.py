@@ -143,8 +143,9 @@ class League:
         self.device, self.N = env.device, env.num_envs
         self.slots = opponent_slots(env.num_agents, env.device)
         self.slot_index = self.slots.nonzero().squeeze(1)
+        # An eager CPU step runs the players in use, each over its own envs' rows (free there); elsewhere
+        # (accelerators, a captured step: no host reads) every player of the layout runs over every env.
         self.select_rows = torch.device(env.device).type == "cpu"
-        self.captured = False
         self.mix = dict(parse_mix(cfg.opponents, env.scripted_names))
         self.learner_policy = learner_policy
         self.ratings = Ratings()
@@ -225,11 +226,11 @@ class League:
 
     # -- rollout (on the device, no host reads) ---------------------------------------------------------
     def fill(self, actions: torch.Tensor, record: Any, draws: Source) -> torch.Tensor:
-        """Replace the opponent slots' actions: one batched forward per player in play (captured: every
-        player, free bank slots included, over every env, so the step's shape never changes)."""
+        """Replace the opponent slots' actions: one batched forward per player (see `select_rows`; without
+        it every player, free bank slots included, runs over every env, so the step's shape never changes)."""
         reset = self.reset_next[:, None].expand(self.N, self.slots.shape[0])
         side = self.slot_index
-        playing = range(len(self.players)) if self.captured else sorted(self.in_use)
+        playing = sorted(self.in_use) if self.select_rows else range(len(self.players))
         for i in playing:
             o = self.players[i]
             policy = self.bank[i - self.bank_start] if i >= self.bank_start else o.policy
@@ -239,7 +240,7 @@ class League:
                 # snapshots, forwarding every env through each would cost P full batches per step.
                 # Selecting rows is free on the CPU; on an accelerator it would synchronise, so there
                 # the forward keeps the static shape of all envs (opponent slots only).
-                rows = mine.nonzero().squeeze(1) if self.select_rows and not self.captured else None
+                rows = mine.nonzero().squeeze(1) if self.select_rows else None
                 if rows is not None and rows.numel() == 0:
                     continue
                 if rows is None:
