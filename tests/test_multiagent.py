@@ -206,6 +206,26 @@ def test_frozen_checkpoint_teammate_plays_but_does_not_learn(tmp_path):
     tr.close()
 
 
+def test_a_frozen_teammate_with_memory_forgets_it_where_its_episode_starts(tmp_path):
+    """A `run:` teammate with memory is reset at its slots' episode starts, as the learner is: after some steps
+    and a reset it holds what a fresh copy holds after that one step (it once carried memory across episodes)."""
+    from phalanx.slots import Teammates, random_actions
+
+    first = phalanx.train(**{**BASE, "model": "lstm", "total_steps": 4 * 12 * 2}, run_dir=tmp_path / "first")
+    env = phalanx.envs.make(BASE["env"], num_envs=4, seed=0)
+    slots = ["", "", f"run:{first.run_dir}"]
+    played, fresh = Teammates(slots, env, torch.device("cpu")), Teammates(slots, env, torch.device("cpu"))
+    rec = env.reset(seed=0)
+    actions = random_actions(env, torch.Generator().manual_seed(0))
+    no_reset, reset = torch.zeros(env.num_envs, env.num_agents, dtype=torch.bool), torch.ones(env.num_envs, env.num_agents, dtype=torch.bool)
+    for i in range(3):
+        played.fill(actions, rec, torch.Generator().manual_seed(i), no_reset)
+    played.fill(actions, rec, torch.Generator().manual_seed(9), reset)
+    fresh.fill(actions, rec, torch.Generator().manual_seed(9), no_reset)
+    memory, expected = played.groups[0][2].memory, fresh.groups[0][2].memory
+    assert torch.equal(memory.h, expected.h) and torch.equal(memory.c, expected.c)
+
+
 @pytest.mark.parametrize("model", ["lstm", "transformer"])
 def test_memory_policy_training_forward_reproduces_the_rollout(tmp_path, model):
     """The sequence forward over the stored segments gives the rollout's own log-probs (ratio 1)."""

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from phalanx.envs import draw, make
-from phalanx.evaluate import random_actions
+from phalanx.slots import random_actions
 
 NAMES = ("cartpole", "pendulum", "bucket_brigade", "trial_nav", "duel")
 

@@ -16,9 +16,7 @@ from phalanx.errors import ConfigError
 from phalanx.league import learner_outcome
 from phalanx.league.ratings import DRAW, LOSS, WIN, wilson_interval
 from phalanx.policy import Policy
-from phalanx.slots import Teammates, fill_slots, opponent_slots, parse_teammates
-
-Player = Policy | str | None  # a trained policy, a scripted policy's name, or random play (None or "random")
+from phalanx.slots import Player, Teammates, fill_slots, opponent_slots, parse_teammates, play
 
 
 @torch.no_grad()
@@ -144,7 +142,7 @@ class Lineup:
     def act(self, env: VecEnv, rec: StepRecord, gen: torch.Generator, prev_done: torch.Tensor, greedy: bool) -> torch.Tensor:
         actions = play(self.player, env, rec, gen, prev_done, greedy)
         if self.teammates is not None:
-            actions = self.teammates.fill(actions, rec, gen)
+            actions = self.teammates.fill(actions, rec, gen, prev_done)
         if self.side is not None:
             actions = fill_slots(actions, self.side, play(self.opponent, env, rec, gen, prev_done, greedy=False))
         return actions
@@ -159,17 +157,3 @@ def play_steps(lineup: Lineup, env: VecEnv, rec: StepRecord, gen: torch.Generato
         before, rec = rec, env.step(lineup.act(env, rec, gen, prev_done, greedy))
         prev_done = rec.terminated | rec.truncated
         yield before, rec
-
-
-def play(policy: Player, env: VecEnv, rec: StepRecord, gen: torch.Generator, prev_done: torch.Tensor, greedy: bool) -> torch.Tensor:
-    """Actions for every slot from a `Policy`, a scripted name, or random play (None or "random")."""
-    if policy is None or policy == "random":
-        return random_actions(env, gen)
-    if isinstance(policy, str):
-        return env.scripted_actions(policy, rec, gen)
-    return policy.act(rec.obs, greedy=greedy, generator=gen, reset=prev_done, active=rec.active)
-
-
-def random_actions(env: VecEnv, gen: torch.Generator) -> torch.Tensor:
-    """Uniform random actions for every slot of a batched env."""
-    return env.action_space.sample(env.num_envs, env.num_agents, gen, env.device)

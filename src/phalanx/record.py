@@ -10,8 +10,8 @@ import torch
 
 from phalanx.envs import make
 from phalanx.errors import PhalanxError
-from phalanx.evaluate import Lineup, Player, play_steps
-from phalanx.slots import opponent_slots
+from phalanx.evaluate import Lineup, play_steps
+from phalanx.slots import Player, opponent_slots
 
 
 @torch.no_grad()

@@ -106,9 +106,10 @@ class Rollout:
         # arrives in `collect` (a rollout starts from the observation the previous one already counted).
         self.obs_in(self.record.obs, update=True, mask=self.record.active & learner)
         self.counters = EpisodeCounters(self.N, self.A, self.device)
+        # Slots whose episode ended at the last step: memory (the learner's, a teammate's) resets there.
+        self.prev_done = torch.zeros(self.N, self.A, dtype=torch.bool, device=self.device)
         if model.recurrent:
             self.memory = model.initial_state(self.N * self.A, self.device)
-            self.prev_done = torch.zeros(self.N, self.A, dtype=torch.bool, device=self.device)
             self.segment_start = self.memory.clone()
         # Which envs' final observations go through the critic: only the truncated ones (CPU, where
         # reading which they are costs nothing) or all of them (accelerators: no host sync). Same values.
@@ -387,7 +388,7 @@ class Rollout:
             logp, value = logp.float(), self.denorm(v.float())
         if self.teammates is not None:
             with self.timer.phase("opponents"):
-                action = self.teammates.fill(action, rec, self.draws)
+                action = self.teammates.fill(action, rec, self.draws, self.prev_done)
         if self.league is not None:
             with self.timer.phase("opponents"):
                 action = self.league.fill(action, rec, self.draws)
@@ -418,8 +419,7 @@ class Rollout:
                 self._write("final_states", t, rec.final_state.reshape(self.N, -1))
         elif not rec.quiet:  # filled in after the loop where not truncated (see _collect), so always when quiet
             self._write("next_values", t, self.final_values(rec, self._no_value))
-        if model.recurrent:
-            self.prev_done = done
+        self.prev_done = done
         counters.add(reward, None if prev_quiet else prev_active)  # after a quiet record every slot acted
         # The league counts every step; the rest only matters where a slot is done (or a slot left, so an
         # env's episode may have ended): never after two quiet records (every slot active before, none done).
@@ -528,8 +528,8 @@ class Rollout:
         if rec.state is not None:
             out["record.state"] = rec.state
         out.update({f"trainer.{k}": v for k, v in self.counters.state_tensors().items()})
+        out["trainer.prev_done"] = self.prev_done
         if self.model.recurrent:
-            out["trainer.prev_done"] = self.prev_done
             for k in dataclasses.fields(self.memory):
                 out[f"memory.{k.name}"] = getattr(self.memory, k.name)
         return out
@@ -545,6 +545,7 @@ class Rollout:
         if "record.state" in tensors:
             rec.state = tensors["record.state"].to(dev)
         self.counters.load_state(section("trainer"))
-        if self.model.recurrent:
+        if "trainer.prev_done" in tensors:  # older checkpoints of memoryless runs lack it (it resets teammates' memory)
             self.prev_done = tensors["trainer.prev_done"].to(dev)
+        if self.model.recurrent:
             self.memory = type(self.memory)(**{k.name: tensors[f"memory.{k.name}"].to(dev) for k in dataclasses.fields(self.memory)})

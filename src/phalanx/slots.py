@@ -1,8 +1,9 @@
-"""Slot control: which agent slots learn, and the one way other controllers' actions fill the rest.
+"""Slot control: which agent slots learn, and the one way other controllers act in the rest.
 
-Teammates (config key `teammates`: scripted names or `run:RUN_DIR` frozen policies for the last slots)
-and league opponents (the last `num_agents // 2` slots) both replace some slots' actions with
-`fill_slots`; so does evaluation against scripted teams and opponents.
+A controller (`Player`) is a trained policy, a scripted policy's name or random play; `play` gives its
+actions for every slot and `fill_slots` puts them into the slots it controls. Teammates (config key
+`teammates`: scripted names or `run:RUN_DIR` frozen policies for the last slots), league opponents (the
+last `num_agents // 2` slots) and evaluation against scripted teams and opponents all act through them.
 """
 
 from __future__ import annotations
@@ -13,6 +14,23 @@ from phalanx.draws import Source
 from phalanx.envs.base import StepRecord, VecEnv
 from phalanx.errors import ConfigError
 from phalanx.policy import Policy, load
+
+Player = Policy | str | None  # a trained policy, a scripted policy's name, or random play (None or "random")
+
+
+def play(player: Player, env: VecEnv, rec: StepRecord, draws: Source, reset: torch.Tensor | None, greedy: bool) -> torch.Tensor:
+    """Actions for every slot from a `Policy` (its memory reset where `reset` [N, A] marks an episode start),
+    a scripted name, or random play (None or "random")."""
+    if player is None or player == "random":
+        return random_actions(env, draws)
+    if isinstance(player, str):
+        return env.scripted_actions(player, rec, draws)
+    return player.act(rec.obs, greedy=greedy, generator=draws, reset=reset, active=rec.active)
+
+
+def random_actions(env: VecEnv, draws: Source) -> torch.Tensor:
+    """Uniform random actions for every slot of a batched env."""
+    return env.action_space.sample(env.num_envs, env.num_agents, draws, env.device)
 
 
 def fill_slots(actions: torch.Tensor, where: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
@@ -56,8 +74,9 @@ class Teammates:
             frozen = load(name[4:], device=str(device)) if name.startswith("run:") else None
             self.groups.append((name, mask, frozen))
 
-    def fill(self, actions: torch.Tensor, record: StepRecord, draws: Source) -> torch.Tensor:
+    def fill(self, actions: torch.Tensor, record: StepRecord, draws: Source, reset: torch.Tensor) -> torch.Tensor:
+        """`actions` with the teammates' in their slots; `reset` [N, A]: the slots whose episode starts at this
+        step (a frozen policy with memory resets it there)."""
         for name, mask, frozen in self.groups:
-            other = frozen.act(record.obs, greedy=False, generator=draws) if frozen else self.env.scripted_actions(name, record, draws)
-            actions = fill_slots(actions, mask, other)
+            actions = fill_slots(actions, mask, play(frozen or name, self.env, record, draws, reset, greedy=False))
         return actions

@@ -65,7 +65,7 @@ from phalanx.config import resolve
 from phalanx.envs import make, registered, registry
 from phalanx.envs.bucket_brigade import SCENARIOS
 from phalanx.errors import ConfigError, PhalanxError, one_line
-from phalanx.evaluate import random_actions
+from phalanx.slots import random_actions
 from phalanx.trainer import Trainer
 from phalanx_bench.reference import ReferencePPO
 

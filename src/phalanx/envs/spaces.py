@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from phalanx.consts import constant
+from phalanx.draws import Source, integers, uniform
 
 
 class ActionError(ValueError):
@@ -81,12 +82,12 @@ class Discrete:
             return None
         return torch.arange(self.n) < torch.tensor(self.slot_n).unsqueeze(1)
 
-    def sample(self, num_envs: int, num_agents: int, generator: torch.Generator | None, device: torch.device | str) -> torch.Tensor:
+    def sample(self, num_envs: int, num_agents: int, generator: Source, device: torch.device | str) -> torch.Tensor:
         """Uniformly random valid actions [N, A]."""
         if not self.slot_n:
-            return torch.randint(0, self.n, (num_envs, num_agents), generator=generator, device=device)
+            return integers(generator, 0, self.n, (num_envs, num_agents), device)
         limits = constant(tuple(self.slot_n), device, torch.long)
-        return (torch.rand(num_envs, num_agents, generator=generator, device=device) * limits).long().clamp_max(limits - 1)
+        return (uniform(generator, (num_envs, num_agents), device) * limits).long().clamp_max(limits - 1)
 
     def check(self, actions: torch.Tensor, num_envs: int, num_agents: int, values: bool | None = None) -> torch.Tensor:
         """-> actions [N, A]; ActionError for a float dtype, a wrong shape or (where `values`, by default
@@ -123,10 +124,10 @@ class MultiDiscrete:
         gated = "".join(f", head {h} only when head {j} == {v}" for h, j, v in self.gates)
         return f"MultiDiscrete({list(self.nvec)}{gated})"
 
-    def sample(self, num_envs: int, num_agents: int, generator: torch.Generator | None, device: torch.device | str) -> torch.Tensor:
+    def sample(self, num_envs: int, num_agents: int, generator: Source, device: torch.device | str) -> torch.Tensor:
         """Uniformly random actions [N, A, k]."""
         nvec = constant(tuple(self.nvec), device, torch.long)
-        u = torch.rand(num_envs, num_agents, len(self.nvec), generator=generator, device=device)
+        u = uniform(generator, (num_envs, num_agents, len(self.nvec)), device)
         return (u * nvec).long().clamp_max(nvec - 1)
 
     def check(self, actions: torch.Tensor, num_envs: int, num_agents: int, values: bool | None = None) -> torch.Tensor:
@@ -163,12 +164,12 @@ class Box:
     def high_tensor(self, device: torch.device | str = "cpu") -> torch.Tensor:
         return constant(tuple(self.high), device).reshape(self.shape)
 
-    def sample(self, num_envs: int, num_agents: int, generator: torch.Generator | None, device: torch.device | str) -> torch.Tensor:
+    def sample(self, num_envs: int, num_agents: int, generator: Source, device: torch.device | str) -> torch.Tensor:
         """Uniformly random actions [N, A, *shape] (an unbounded side is drawn within [-1, 1])."""
         low, high = self.low_tensor(device), self.high_tensor(device)
         lo = torch.where(torch.isfinite(low), low, torch.full_like(low, -1.0))
         hi = torch.where(torch.isfinite(high), high, torch.full_like(high, 1.0))
-        return lo + (hi - lo) * torch.rand(num_envs, num_agents, *self.shape, generator=generator, device=device)
+        return lo + (hi - lo) * uniform(generator, (num_envs, num_agents, *self.shape), device)
 
     def check(self, actions: torch.Tensor, num_envs: int, num_agents: int, values: bool | None = None) -> torch.Tensor:
         """-> actions [N, A, *shape]; ActionError for a non-float dtype or a wrong shape (the env clips or

@@ -31,7 +31,7 @@ from phalanx.draws import Source, uniform
 from phalanx.errors import CheckpointError, ConfigError
 from phalanx.league.ratings import DRAW, LEARNER, LOSS, WIN, Ratings
 from phalanx.policy import Policy, frozen_copy, load_frozen
-from phalanx.slots import fill_slots, opponent_slots
+from phalanx.slots import fill_slots, opponent_slots, play
 
 SELF_PLAY = "self_play"
 SNAPSHOT_DIR = "league/snapshots"
@@ -251,10 +251,7 @@ class League:
                     other = policy.act(record.obs[rows][:, side], greedy=False, generator=draws).to(actions.dtype)
                     actions = actions.index_put((rows[:, None], side[None, :]), other)
                 continue
-            if policy is None:
-                other = self.env.scripted_actions(o.name, record, draws)
-            else:
-                other = policy.act(record.obs, greedy=False, generator=draws, reset=reset, active=record.active)
+            other = play(policy or o.name, self.env, record, draws, reset, greedy=False)
             actions = fill_slots(actions, self.slots[None, :] & mine[:, None], other)
         self.reset_next = torch.zeros_like(self.reset_next)
         return actions
