@@ -125,6 +125,24 @@ def test_batched_opponent_actions_equal_per_env_actions(tmp_path):
                 assert batched[i, 0] == -1
 
 
+def test_a_league_state_listed_before_the_fixed_layout_loads_into_it(tmp_path):
+    """League states saved before the fixed player layout have no `slot`: their list (scripted, the learner, the
+    snapshots in turn, retired ones dropped) is the layout's order, so every env keeps its opponent on load."""
+    league, env, model = _league(tmp_path, "self_play:1,rock:1,paper:1", n=6)
+    for step in (100, 200):
+        league.snapshot(step, model, None)
+    league._refresh()
+    league.assign, league.in_use = torch.tensor([0, 1, 2, 3, 4, 3]), {0, 1, 3, 4}
+    state, tensors = league.state_json(200), league.state_tensors()
+    old = {**state, "opponents": [{k: v for k, v in o.items() if k != "slot"} for o in state["opponents"]]}
+    fresh, _, _ = _league(tmp_path, "self_play:1,rock:1,paper:1", n=6)
+    fresh.load(old, tensors)
+    names = lambda lg: [lg.players[i].name for i in lg.assign.tolist()]  # noqa: E731
+    assert names(fresh) == names(league) == ["rock", "paper", "learner", "snapshot_000000000100", "snapshot_000000000200",
+                                             "snapshot_000000000100"]
+    assert fresh.in_use == league.in_use and [o.name for o in fresh.opponents] == [o.name for o in league.opponents]
+
+
 def test_snapshots_rotate_and_pool_keeps_pinned(tmp_path):
     cfg = dict(RPS, opponents="self_play:1", total_steps=128 * 8, snapshot_every=128, pool_size=2, pin_every=128 * 3)
     phalanx.train(run_dir=tmp_path / "r", **cfg)

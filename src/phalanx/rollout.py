@@ -328,7 +328,7 @@ class Rollout:
         """The policy's and the env's draws in one mode: 'recording', 'ahead' or 'replaying' (from `queues`)."""
         stack = contextlib.ExitStack()
         for i, d in enumerate(self.all_draws):
-            stack.enter_context(d.replaying(queues[i]) if mode == "replaying" else getattr(d, mode)())
+            stack.enter_context(d.recording() if mode == "recording" else d.ahead() if mode == "ahead" else d.replaying(queues[i]))
         return stack
 
     def _graph_step(self, t: int, obs_n: torch.Tensor, stats: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -477,19 +477,23 @@ class Rollout:
         (read with the update's metrics); `nonfinite_env: zero` also replaces them with 0."""
         if rec.finite:  # the env tested it (StepRecord.finite)
             return rec
-        fields = [f for f in ("obs", "final_obs", "reward", "state", "final_state") if getattr(rec, f) is not None]
-        if self.model.obs_is_image:  # uint8 pixels cannot be NaN
-            fields = [f for f in fields if f not in ("obs", "final_obs")]
+        image = self.model.obs_is_image  # uint8 pixels cannot be NaN
+        numbers = [x for x in (None if image else rec.obs, None if image else rec.final_obs, rec.reward, rec.state,
+                               rec.final_state) if x is not None]
         # The quick test looks at each tensor once (a final observation is often the observation itself).
-        if self.host_branches and all(_read_finite(x) for x in {id(x): x for x in (getattr(rec, f) for f in fields)}.values()):
+        if self.host_branches and all(_read_finite(x) for x in {id(x): x for x in numbers}.values()):
             return rec
-        bad = sum((~torch.isfinite(getattr(rec, f))).sum() for f in fields)
+        bad = sum((~torch.isfinite(x)).sum() for x in numbers)
         stats["env_nonfinite"] += bad
         first = stats["env_first_bad_step"]
         first.copy_(torch.where((first < 0) & (bad > 0), t if isinstance(t, int) else t.squeeze(0), first))
         if self.cfg.nonfinite_env == "zero":
-            for f in fields:
-                setattr(rec, f, torch.nan_to_num(getattr(rec, f), nan=0.0, posinf=0.0, neginf=0.0))
+            def zero(x: torch.Tensor | None) -> torch.Tensor | None:
+                return None if x is None else torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
+
+            rec = dataclasses.replace(rec, reward=zero(rec.reward), state=zero(rec.state), final_state=zero(rec.final_state),
+                                      obs=rec.obs if image else zero(rec.obs),
+                                      final_obs=rec.final_obs if image else zero(rec.final_obs))
         return rec
 
     def _learner_mean(self, v: torch.Tensor) -> torch.Tensor:

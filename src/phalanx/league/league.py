@@ -344,16 +344,12 @@ class League:
 
     def load(self, data: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
         """Restore from a checkpoint's league state (snapshots are reloaded from their files into their
-        bank slots). A state from before the fixed layout (no `slot`) lists the players in the order its
-        `assign` indexes: it is laid out here and its indices mapped."""
+        bank slots). A state from before the fixed layout has no `slot`: its list (scripted, the learner, then
+        the snapshots, retired ones dropped) is the layout's order, so its indices hold as they are."""
         self.ratings = Ratings.from_json(data["ratings"])
         self.last_snapshot_step = int(data["last_snapshot_step"])
         entries = data["opponents"]
-        slots = [d.get("slot") for d in entries]
-        if None in slots:  # the older format: scripted and the learner keep their places, snapshots fill the bank
-            fixed = {o.name: i for i, o in enumerate(self.players[: self.bank_start])}
-            bank = iter(range(self.bank_start, 1 << 30))
-            slots = [fixed[d["name"]] if d["kind"] != "snapshot" else next(bank) for d in entries]
+        slots = [d.get("slot", i) for i, d in enumerate(entries)]
         if max(slots, default=0) >= len(self.players):
             self._grow(max(slots) + 1 - len(self.players))
         self.players[self.bank_start:] = [None] * (len(self.players) - self.bank_start)
@@ -363,19 +359,14 @@ class League:
                 policy = load_snapshot(self.run_dir, d["name"], self.learner_policy, into=self.bank[i - self.bank_start])
                 o = self.players[i] = Opponent(d["name"], "snapshot", policy)
             o.step, o.pinned, o.retired = d["step"], d["pinned"], d["retired"]
-        remap = torch.tensor(slots, dtype=torch.long)
         dev = self.device
-        assign = tensors["league.assign"].to(dev)
-        self.assign = assign if "slot" in entries[0] else remap.to(dev)[assign]
+        self.assign = tensors["league.assign"].to(dev)
         self.reset_next = tensors["league.reset_next"].to(dev)
-        for old, i in enumerate(slots):
-            key = old if "slot" not in entries[0] else i
-            fields = {k.rsplit(".", 1)[1]: v.to(dev) for k, v in tensors.items() if k.startswith(f"league.memory.{key}.")}
-            o = self.players[i]
-            if fields and o.policy is not None:
-                o.policy.memory = type(self.learner_policy.model.initial_state(1, dev))(**fields)
-        in_use = data["in_use"] if "slot" in entries[0] else [slots[j] for j in data["in_use"]]
-        self.in_use = set(in_use)
+        for i in slots:
+            fields = {k.rsplit(".", 1)[1]: v.to(dev) for k, v in tensors.items() if k.startswith(f"league.memory.{i}.")}
+            if fields and self.players[i].policy is not None:
+                self.players[i].policy.memory = type(self.learner_policy.model.initial_state(1, dev))(**fields)
+        self.in_use = set(data["in_use"])
         self._refresh()
 
     def prune_files(self) -> None:
