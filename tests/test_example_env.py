@@ -50,3 +50,32 @@ def test_example_learns_to_meet_faster_than_random_play(in_example, tmp_path, ca
 def test_example_trains_with_a_centralized_critic_from_its_state(in_example, tmp_path):
     assert main(["train", "--env", "rendezvous:make", "--critic", "mappo", "--total-steps", "1024", "--num-envs", "8",
                  "--num-steps", "16", "--progress", "false", "--tensorboard", "false", "--run-dir", str(tmp_path / "m")]) == 0
+
+
+@pytest.mark.parametrize("model", ["mlp", "lstm"])
+def test_example_rollout_step_is_captured_whole_as_eager_runs_it(in_example, tmp_path, model):
+    """--compile captures the example's whole rollout step (its draws go through `self.rng`), with a memory model
+    too: one graph after warm-up, every buffer and the LSTM state bit for bit as the eager rollout's."""
+    import torch
+
+    from phalanx.config import resolve
+    from phalanx.trainer import Trainer
+
+    torch._dynamo.reset()
+    make = lambda name: Trainer(resolve(dict(env="rendezvous:make", model=model, lstm_hidden=16, hidden_sizes=[16],  # noqa: E731
+                                             num_envs=4, num_steps=8, num_minibatches=2, progress=False, tensorboard=False,
+                                             run_dir=str(tmp_path / name))))
+    eager, captured = make("eager"), make("captured")
+    try:
+        captured.rollout.capture(backend="aot_eager")
+        for i in range(3):
+            with torch._dynamo.config.patch(error_on_recompile=i > 0):
+                eager.collect(), captured.collect()
+            for k, buf in eager.rollout.buf.items():
+                assert torch.equal(buf, captured.rollout.buf[k]), (i, k)
+            eager.update(), captured.update()
+        for k, v in eager.rollout.state_tensors().items():
+            assert torch.equal(v, captured.rollout.state_tensors()[k]), k
+    finally:
+        eager.close()
+        captured.close()
