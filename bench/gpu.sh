@@ -3,7 +3,7 @@
 # project (no dependencies fetched; wheels it lacks come from WHEELS, default .whl/), then runs the
 # stages named on the command line and writes every log and figure to RESULTS (default gpu-results/).
 #
-#   bench/gpu.sh setup tests suite solve       # stages: setup info tests refail compile fastest graphs suite cartpole solve bucket bucket_eager vmas
+#   bench/gpu.sh setup tests suite solve       # stages: setup info tests refail compile fastest graphs suite memory_league cartpole solve bucket bucket_eager vmas
 #
 # Wheels to carry for a machine that has torch but not the rest (from a machine with pip access):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 -d .whl \
@@ -81,6 +81,12 @@ stage_suite() {  # every workload at 4k / 16k / 64k envs
     timeout "${SUITE_SECONDS:-400}" $PHX bench suite --device cuda --num-envs "${SUITE_ENVS:-4096,16384,65536}" \
         --seconds "${BENCH_SECONDS:-2}" --no-profile --uncapped --out "$RESULTS/suite" --json "$RESULTS/suite.json" ${SUITE_ARGS:-} \
         2>&1 | tee "$RESULTS/suite.log"
+}
+
+stage_memory_league() {  # issue 28's rows: the transformer (KV cache) and the duel league, eager and --cuda-graphs
+    timeout "${MEMORY_LEAGUE_SECONDS:-300}" $PHX bench suite --device cuda --workloads trial_nav,duel \
+        --num-envs "${MEMORY_LEAGUE_ENVS:-4096,16384,65536}" --modes eager,graphs --seconds "${BENCH_SECONDS:-2}" --no-profile \
+        --uncapped --out "$RESULTS/memory_league" --json "$RESULTS/memory_league.json" 2>&1 | tee "$RESULTS/memory_league.log"
 }
 
 stage_cartpole() {  # eager, --compile and the minimal loop in turns, one process
