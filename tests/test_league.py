@@ -143,6 +143,28 @@ def test_a_league_state_listed_before_the_fixed_layout_loads_into_it(tmp_path):
     assert fresh.in_use == league.in_use and [o.name for o in fresh.opponents] == [o.name for o in league.opponents]
 
 
+def test_a_full_bank_grows_and_snapshots_still_play(tmp_path):
+    """Retired snapshots keep their bank slot while an env still plays them; a snapshot that finds the bank
+    full grows it (a captured step is traced again: `layout` changes) and plays like the others."""
+    cfg = resolve(dict(RPS, opponents="self_play:1,rock:1", num_envs=6, pool_size=1, env_options={"rounds": 3}))
+    env = make("test_rps", num_envs=6, seed=0, rounds=3)
+    model = build_model(cfg, env)
+    league = League(cfg, env, tmp_path, Policy(model, None, cfg, env.observation_space, env.action_space),
+                    torch.Generator().manual_seed(0))
+    slots, layout = len(league.players), league.layout
+    for step in (100, 200, 300):
+        snap = league.snapshot(step, model, None)
+        league.in_use.add(league.players.index(snap))  # every snapshot keeps an env: none is freed
+    assert len(league.players) == slots + 1 and league.layout == layout + 1
+    assert [o.name for o in league.opponents if o.kind == "snapshot"] == [f"snapshot_{s:012d}" for s in (100, 200, 300)]
+    league._refresh()
+    assert league.weights.shape == (len(league.players),) and league.weights[league.players.index(snap)] > 0
+    league.assign = torch.full((6,), league.players.index(snap))
+    league.select_rows = False
+    actions = league.fill(torch.full((6, 2), -1, dtype=torch.long), env.reset(seed=0), None)
+    assert (actions[:, 0] == -1).all() and (actions[:, 1] >= 0).all()
+
+
 def test_snapshots_rotate_and_pool_keeps_pinned(tmp_path):
     cfg = dict(RPS, opponents="self_play:1", total_steps=128 * 8, snapshot_every=128, pool_size=2, pin_every=128 * 3)
     phalanx.train(run_dir=tmp_path / "r", **cfg)

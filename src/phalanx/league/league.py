@@ -159,10 +159,12 @@ class League:
         self.weights = torch.zeros(len(self.players), device=self.device)
         self.counts = torch.zeros(len(self.players), 3, device=self.device)
         self.layout = 0  # bumped where the bank grows: a recorded CUDA graph of the old layout is stale
-        # Room for the pool, every pinned snapshot of the run and one retired snapshot still being played;
-        # more (a slot freed only when its last game ends) grows the bank, which a captured step re-traces.
+        # Room for the pool, the run's pinned snapshots (up to 32: each slot is a model copy, and a captured
+        # step runs every slot) and one retired snapshot still being played; more grows the bank, which a
+        # captured step traces again.
         if self.mix.get(SELF_PLAY, 0.0) > 0:
-            self._grow(cfg.pool_size + 1 + (cfg.total_steps // cfg.pin_every if cfg.pin_every else 0))
+            pinned = cfg.total_steps // cfg.pin_every if cfg.pin_every else 0
+            self._grow(cfg.pool_size + 1 + min(pinned, 32))
         self.snapshot_every = cfg.snapshot_every or max(cfg.batch_size, cfg.total_steps // 20)
         self.last_snapshot_step = 0
         self._refresh()
