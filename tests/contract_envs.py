@@ -68,12 +68,11 @@ class GoodEnv(VecEnv):
         both = lambda x: x.unsqueeze(1).expand(-1, 2).contiguous()  # noqa: E731
         return self.record(reward, both(goal), both(timeout), final_obs, final_state)
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {"pos": self.pos.clone(), "t": self.t.clone(), "rng": generator_state(self.gen)}
+    def step_state(self) -> dict[str, torch.Tensor]:
+        return {"pos": self.pos, "t": self.t}
 
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        self.pos, self.t = state["pos"].clone(), state["t"].clone()
-        set_generator_state(self.gen, state["rng"])
+    def load_step_state(self, state: dict[str, torch.Tensor]) -> None:
+        self.pos, self.t = state["pos"], state["t"]
 
 
 def good(num_envs: int = 4, device: torch.device | str = "cpu", seed: int | None = 0, goal: int = 4) -> GoodEnv:
@@ -114,8 +113,42 @@ class MissingRoles(GoodEnv):
 
 
 class NoStateDict(GoodEnv):
-    state_dict = VecEnv.state_dict
-    load_state_dict = VecEnv.load_state_dict
+    step_state = VecEnv.step_state
+    load_step_state = VecEnv.load_step_state
+
+
+class CapturableWithoutStepState(NoStateDict):
+    capturable = True
+
+    def state_dict(self):
+        return {"pos": self.pos.clone(), "t": self.t.clone(), "rng": generator_state(self.gen)}
+
+    def load_state_dict(self, state):
+        self.pos, self.t = state["pos"].clone(), state["t"].clone()
+        set_generator_state(self.gen, state["rng"])
+
+
+class StepStateGrows(GoodEnv):
+    """Keeps a trail of positions that grows every step: a replayed step could not write it back."""
+
+    capturable = True
+
+    def reset(self, seed=None):
+        rec = super().reset(seed)
+        self.trail = self.pos.clone()
+        return rec
+
+    def step(self, actions):
+        rec = super().step(actions)
+        self.trail = torch.cat([self.trail, self.pos], 1)
+        return rec
+
+    def step_state(self):
+        return {**super().step_state(), "trail": self.trail}
+
+    def load_step_state(self, state):
+        super().load_step_state(state)
+        self.trail = state["trail"]
 
 
 class FinalObsWithoutBoundary(GoodEnv):
@@ -188,6 +221,9 @@ BROKEN = {
     "float64_obs": (Float64Obs, "reset() record.obs must be float32; got float64"),
     "missing_roles": (MissingRoles, "roles must be a long tensor [num_agents] of role indices"),
     "no_state_dict": (NoStateDict, "state_dict() is not implemented"),
+    "capturable_without_step_state": (CapturableWithoutStepState, "step_state() is not implemented: a capturable env names"),
+    "step_state_grows": (StepStateGrows, "step_state() must keep its names, shapes and dtypes from step to step; "
+                                         "'trail' was int64 [4, 2] and is int64 [4, 4] after step 0"),
     "final_obs_without_boundary": (FinalObsWithoutBoundary, "record.final_obs must equal obs where no episode or trial ended"),
     "reward_while_inactive": (RewardWhileInactive, "record.reward must be 0 for slots that were inactive before the step"),
     "accepts_any_action": (AcceptsAnyAction, "step() accepted action 3 (out of range) for Discrete(3)"),

@@ -57,7 +57,8 @@ def test_rollout_reads_the_host_only_where_reading_is_free():
     for line in update.splitlines():
         if "every_step_active" in line:
             assert "self.rollout.host_branches and" in line, line
-    assert "self.host_branches = False" in _code(Rollout.capture) and "self.host_branches = False" in _code(Rollout.use_cuda_graphs)
+    assert "self.host_branches = False" in _code(Rollout.static_step)
+    assert "self.static_step()" in _code(Rollout.capture) and "self.static_step()" in _code(Rollout.use_cuda_graphs)
     assert _code(rollout._read).count("bool(") == 1 and "isfinite(x.sum())" in _code(rollout._read_finite)
 
 

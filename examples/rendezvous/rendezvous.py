@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from phalanx.draws import Draws
-from phalanx.envs import Box, Discrete, EnvOption, EnvSpec, StepRecord, VecEnv, generator_state, set_generator_state
+from phalanx.envs import Box, Discrete, EnvOption, EnvSpec, StepRecord, VecEnv
 
 
 class Rendezvous(VecEnv):
@@ -92,13 +92,12 @@ class Rendezvous(VecEnv):
         per_slot = lambda x: x.unsqueeze(1).expand(-1, self.num_agents).contiguous()  # noqa: E731
         return self._record(reward, per_slot(met), per_slot(timeout), final_obs, final_state, {"met": met.float()})
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {"pos": self.pos.clone(), "elapsed": self.elapsed.clone(), "rng": generator_state(self.gen)}
+    def step_state(self) -> dict[str, torch.Tensor]:
+        # What a step reads and replaces; checkpoints save copies of it and the generator's state.
+        return {"pos": self.pos, "elapsed": self.elapsed}
 
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        self.pos = state["pos"].to(self.device).clone()
-        self.elapsed = state["elapsed"].to(self.device).clone()
-        set_generator_state(self.gen, state["rng"])
+    def load_step_state(self, state: dict[str, torch.Tensor]) -> None:
+        self.pos, self.elapsed = state["pos"], state["elapsed"]
 
 
 def make(num_envs: int = 1, device: torch.device | str = "cpu", seed: int | None = 0, size: int = 11,

@@ -4,121 +4,60 @@ replayed, so each costs one launch instead of hundreds of small ones.
 A graph replays the kernels of one recorded call on the same memory. An eager step becomes
 replayable when (1) what it reads arrives at fixed addresses: the caller copies fresh inputs (the
 minibatch's rows, the rollout's batch, the random draws) into static buffers before each replay, and
-(2) the state it carries to the next call comes back to those addresses. Envs, episode counters and
-normalisers keep state in tensor attributes that a step may replace (`self.x = torch.where(...)`)
-rather than write in place; `Carried` notes where each such tensor lives before the recorded call
-and, at its end and inside the graph, copies the new values into the old tensors and puts the old
-tensors back. Every replay then reads and writes the same memory, as the eager loop would.
+(2) the state it carries to the next call comes back to those addresses. The rollout step's state is
+named, by contract, as one flat dict of tensors (`Rollout.step_state`: the env's `step_state`, the
+records, counters, memories and league assignments); a step may replace those tensors rather than
+write them in place (`self.x = torch.where(...)`). Before recording, `own_memory` gives every entry
+memory of its own; at the end of the recorded step, inside the graph, `fold` copies the new values
+into the recorded tensors, and the caller puts them back (`load_step_state`). Every replay then reads
+and writes the same memory, as the eager loop would. Modules' parameters and buffers are written in
+place by contract (optimizer, normalisers), so they are not part of the state.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import nn
 
-from phalanx.draws import Draws
 from phalanx.errors import ConfigError
 
-MAX_DEPTH = 6
+
+def own_memory(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state` where no two entries share memory (an env returning its own buffer as `obs`, a final
+    observation that is the observation, a broadcast view): each such entry becomes a copy, so folding
+    one cannot overwrite another. Entries already alone are kept as they are."""
+    out, seen = {}, set()
+    for name, x in state.items():
+        ptr = x.untyped_storage().data_ptr()
+        overlaps = any(s == 0 and n > 1 for s, n in zip(x.stride(), x.shape))
+        if ptr in seen or overlaps:
+            x = x.clone()
+            ptr = x.untyped_storage().data_ptr()
+        seen.add(ptr)
+        out[name] = x
+    return out
 
 
-@dataclasses.dataclass
-class _Holder:
-    """An object or dict that held carried tensors when the graph was recorded, and its entries."""
-
-    obj: Any
-    entries: dict[Any, Any]  # key -> tensor or _Holder
-
-
-def _entries(x: Any) -> Iterable[tuple[Any, Any]] | None:
-    if isinstance(x, dict):
-        return list(x.items())
-    if isinstance(x, (Draws, torch.Generator, type)) or not hasattr(x, "__dict__") or callable(x) and not isinstance(x, nn.Module):
-        return None
-    # A module's parameters are updated in place by the optimizer, never replaced: only its buffers
-    # and submodules can carry state.
-    return [(k, v) for k, v in vars(x).items() if k != "_parameters"]
-
-
-def _get(holder: Any, key: Any) -> Any:
-    return holder[key] if isinstance(holder, dict) else getattr(holder, key)
-
-
-def _set(holder: Any, key: Any, value: Any) -> None:
-    if isinstance(holder, dict):
-        holder[key] = value
-    else:
-        setattr(holder, key, value)
-
-
-class Carried:
-    """The tensors on `device_type` reachable from `roots` (through attributes, dicts and modules'
-    buffers; not parameters), as they are now; `fold()` brings a step's values back into them (see the
-    module docstring). Objects in `skip` are not searched."""
-
-    def __init__(self, roots: dict[str, Any], skip: Iterable[Any] = (), device_type: str = "cuda"):
-        self._skip = {id(s) for s in skip}
-        self.device_type = device_type
-        seen: set[int] = set()
-        storages: set[int] = set()
-        self.root = _Holder(roots, {})
-        for name, obj in roots.items():
-            node = self._walk(roots, name, obj, seen, storages, 0)
-            if node is not None:
-                self.root.entries[name] = node
-
-    def _walk(self, holder: Any, key: Any, x: Any, seen: set[int], storages: set[int], depth: int) -> Any:
-        if isinstance(x, torch.Tensor):
-            if x.device.type != self.device_type or isinstance(x, nn.Parameter):
-                return None
-            base = x.untyped_storage().data_ptr()
-            overlaps = any(s == 0 and n > 1 for s, n in zip(x.stride(), x.shape))
-            if base in storages or overlaps:
-                # Two carried names for one memory (an env returning its own buffer as `obs`, a view of
-                # another state tensor): each gets its own copy, so folding one cannot overwrite the other.
-                x = x.clone()
-                _set(holder, key, x)
-            storages.add(x.untyped_storage().data_ptr())
-            return x
-        if depth >= MAX_DEPTH or id(x) in seen or id(x) in self._skip:
-            return None
-        items = _entries(x)
-        if items is None:
-            return None
-        seen.add(id(x))
-        entries = {}
-        for k, v in items:
-            node = self._walk(x, k, v, seen, storages, depth + 1)
-            if node is not None:
-                entries[k] = node
-        return _Holder(x, entries) if entries else None
-
-    def fold(self) -> None:
-        """After a step: each carried tensor that was replaced gets the new value copied in and is put back."""
-        self._fold(self.root, self.root.obj, "")
-
-    def _fold(self, node: _Holder, now: Any, path: str) -> Any:
-        for key, old in node.entries.items():
-            where = f"{path}.{key}" if path else str(key)
-            try:
-                cur = _get(now, key)
-            except (KeyError, AttributeError):
-                raise ConfigError(f"config key 'cuda_graphs': the step dropped '{where}'; its state cannot be replayed") from None
-            if isinstance(old, _Holder):
-                _set(node.obj, key, self._fold(old, cur, where))
-                continue
-            if cur is not old:
-                if not isinstance(cur, torch.Tensor) or cur.shape != old.shape or cur.dtype != old.dtype:
-                    got = f"{cur.dtype} {list(cur.shape)}" if isinstance(cur, torch.Tensor) else type(cur).__name__
-                    raise ConfigError(f"config key 'cuda_graphs': the step turned '{where}' from {old.dtype} "
-                                      f"{list(old.shape)} into {got}; a replayed step keeps its state's shapes")
-                old.copy_(cur)
-            _set(node.obj, key, old)
-        return node.obj
+def fold(recorded: dict[str, torch.Tensor], now: dict[str, torch.Tensor]) -> None:
+    """After a step (inside the graph being recorded): the new value of every entry of `recorded` that
+    the step replaced is copied into the recorded tensor. A step that drops an entry, adds one, or
+    changes one's shape or dtype cannot be replayed: ConfigError, naming it."""
+    for name in now.keys() - recorded.keys():
+        raise ConfigError(f"config key 'cuda_graphs': the step added state '{name}' after the graph was recorded; "
+                          "a replayed step keeps the same state")
+    for name, old in recorded.items():
+        cur = now.get(name)
+        if cur is None:
+            raise ConfigError(f"config key 'cuda_graphs': the step dropped '{name}'; its state cannot be replayed")
+        if cur is old:
+            continue
+        if cur.shape != old.shape or cur.dtype != old.dtype:
+            raise ConfigError(f"config key 'cuda_graphs': the step turned '{name}' from {old.dtype} {list(old.shape)} "
+                              f"into {cur.dtype} {list(cur.shape)}; a replayed step keeps its state's shapes")
+        old.copy_(cur)
 
 
 def check_graphs(device: torch.device) -> None:

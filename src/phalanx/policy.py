@@ -37,6 +37,14 @@ class Policy:
         """Forget every slot's memory (the next `act` starts fresh episodes)."""
         self.memory = None
 
+    def step_state(self) -> dict[str, torch.Tensor]:
+        """The memory of the slots being played (empty without one), as a step state (phalanx.graphs)."""
+        return {} if self.memory is None else self.memory.tensors()
+
+    def load_step_state(self, state: dict[str, torch.Tensor]) -> None:
+        if self.memory is not None:
+            self.memory = type(self.memory).of(state)
+
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device

@@ -17,13 +17,14 @@ import torch
 
 from phalanx import runs
 from phalanx.algo import Normalizers, compute_gae, pending_bootstrap
+from phalanx.checkpoint import section
 from phalanx.config import Config
 from phalanx.draws import Draws
 from phalanx.envs.base import StepRecord, VecEnv
 from phalanx.envs.spaces import Box
 from phalanx.episodes import EpisodeCounters, env_ended
 from phalanx.errors import ConfigError
-from phalanx.graphs import Carried, check_graphs, warm_stream
+from phalanx.graphs import check_graphs, fold, own_memory, warm_stream
 from phalanx.league import League
 from phalanx.models.protocol import ActorCritic
 from phalanx.models.registry import obs_dim_of, state_dim_of
@@ -66,13 +67,6 @@ def _read_finite(x: torch.Tensor) -> bool:
     every element is unless it overflows (then the exact count finds none). One reduction, where
     torch.isfinite is four ops on the CPU."""
     return math.isfinite(x.sum())
-
-
-@dataclasses.dataclass
-class GraphInputs:
-    """The loop's carried observation under --cuda-graphs (the static input of the recorded step)."""
-
-    obs_n: torch.Tensor
 
 
 class Rollout:
@@ -153,9 +147,7 @@ class Rollout:
         runs eagerly and notes the random draws a step makes; later calls replay them in the graph."""
         if not self.capturable:
             raise ValueError("this rollout step cannot be captured whole (see Rollout.capturable)")
-        # The critic runs over every final observation: selecting the truncated rows is a host read.
-        self.final_values_whole_batch = True
-        self.host_branches = False
+        self.static_step()
         if self.device.type == "cpu" and self.model.memory_critic:
             # ... except on the CPU, where reading which slots were truncated is free: a memory critic's
             # V(final_obs) reads that step's memory, so it runs after each captured step, over the truncated
@@ -166,8 +158,6 @@ class Rollout:
             # as the critic would read it, and `_collect` values the truncated ones (a fifth of a compiled
             # 4096-env cartpole collect went to the whole-batch critic: 84 -> 68 ms without it).
             self._keep_final_inputs()
-        if self.league is not None:
-            self.league.select_rows = False
         self._t_index = [torch.tensor([t], device=self.device) for t in range(self.cfg.num_steps)]
         self._captured = torch.compile(self._step, fullgraph=True, dynamic=False, backend=backend)
         self._planned = False
@@ -178,12 +168,22 @@ class Rollout:
         if not self.capturable:
             raise ConfigError("config key 'cuda_graphs' needs an env that declares capturable = True")
         check_graphs(self.device)
-        # The critic runs over every final observation: selecting the truncated rows is a host read.
+        try:
+            self.env.step_state()
+        except NotImplementedError:
+            raise ConfigError(f"config key 'cuda_graphs' needs an env that names its step state (step_state and "
+                              f"load_step_state, docs/ENVIRONMENTS.md); env '{self.env.name}' does not") from None
+        self.static_step()
+        self._graphed = True
+
+    def static_step(self) -> None:
+        """The step a graph takes: no host reads, no shape that depends on values. The critic runs over every
+        final observation (selecting the truncated rows is a host read), no quiet-step shortcut, and the
+        league runs every player over every env."""
         self.final_values_whole_batch = True
         self.host_branches = False
         if self.league is not None:
             self.league.select_rows = False
-        self._graphed = True
 
     def _keep_final_inputs(self) -> None:
         """Buffers for the critic's inputs of every step's final observation (flat features; MAPPO's state)."""
@@ -348,26 +348,39 @@ class Rollout:
                 torch.cuda.current_stream(self.device).wait_stream(side)
                 return out
             self._record_graph(step, obs_n, stats)
-        io = self._graph_io
-        if obs_n is not io.obs_n:
-            io.obs_n.copy_(obs_n)
+        if obs_n is not self._graph_obs:
+            self._graph_obs.copy_(obs_n)
         self._graph_t.fill_(t)
         for d, queue in zip(self.all_draws, self._graph_queues):
             d.refill(queue)
         self._graph.replay()
-        return io.obs_n
+        return self._graph_obs
 
     def _record_graph(self, step: Callable, obs_n: torch.Tensor, stats: dict[str, torch.Tensor]) -> None:
-        io = self._graph_io = GraphInputs(obs_n.clone())
         self._graph_t = torch.zeros(1, dtype=torch.long, device=self.device)
         self._graph_queues = [d.buffers() for d in self.all_draws]
         self._graph_layout = self.league.layout if self.league is not None else 0
-        carried = Carried({"rollout": self, "env": self.env, "io": io, "stats": stats}, skip=(self.model, self.buf))
+        recorded = self._own_step_state(obs_n.clone(), stats)
         graph = torch.cuda.CUDAGraph()
         with self._draw_contexts("replaying", self._graph_queues), torch.cuda.graph(graph):
-            io.obs_n = step(self._graph_t, io.obs_n, stats)
-            carried.fold()
+            self._graph_obs = self._folded_step(step, self._graph_t, recorded, stats)
         self._graph = graph
+
+    def _own_step_state(self, obs_n: torch.Tensor, stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The step state (`step_state`, and the step's input observation as 'obs_n'), each tensor in memory of
+        its own (graphs.own_memory), handed back to its holders: what a recorded step reads and writes."""
+        recorded = own_memory({**self.step_state(stats), "obs_n": obs_n})
+        self.load_step_state(recorded, stats)
+        return recorded
+
+    def _folded_step(self, step: Callable, t: int | torch.Tensor, recorded: dict[str, torch.Tensor],
+                     stats: dict[str, torch.Tensor]) -> torch.Tensor:
+        """One step from `recorded` (`_own_step_state`) that leaves its new state in those same tensors
+        (graphs.fold) and hands them back: the body of a recorded CUDA graph. -> the next observation."""
+        obs_n = step(t, recorded["obs_n"], stats)
+        fold(recorded, {**self.step_state(stats), "obs_n": obs_n})
+        self.load_step_state(recorded, stats)
+        return recorded["obs_n"]
 
     def _step(self, t: int | torch.Tensor, obs_n: torch.Tensor, stats: dict[str, torch.Tensor]) -> torch.Tensor:
         """One step of every env: act (and value what is acted on), step the envs, write buffers at row `t`,
@@ -524,6 +537,38 @@ class Rollout:
             return adv, ret, b["active"] & ~pending
 
     # -- state -----------------------------------------------------------------------------------
+    def step_state(self, stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Every tensor a rollout step reads and may replace, by name (phalanx.graphs): the env's
+        `step_state`, the record acted on, the slots' pending resets, episode counters, the learner's,
+        teammates' and league players' memories, the league's assignments and the collect's `stats`.
+        Buffers, parameters and normalisers are written in place."""
+        out = {f"env.{k}": v for k, v in self.env.step_state().items()}
+        out.update({f"record.{k}": v for k, v in self.record.tensors().items()})
+        out.update({f"counters.{k}": v for k, v in self.counters.state_tensors().items()})
+        out["prev_done"] = self.prev_done
+        if self.model.recurrent:
+            out.update({f"memory.{k}": v for k, v in self.memory.tensors().items()})
+        if self.teammates is not None:
+            out.update({f"teammates.{k}": v for k, v in self.teammates.step_state().items()})
+        if self.league is not None:
+            out.update({f"league.{k}": v for k, v in self.league.step_state().items()})
+        out.update({f"stats.{k}": v for k, v in stats.items()})
+        return out
+
+    def load_step_state(self, state: dict[str, torch.Tensor], stats: dict[str, torch.Tensor]) -> None:
+        """Take `state` (the names of `step_state`) as the rollout's own tensors, as they are."""
+        self.env.load_step_state(section(state, "env"))
+        self.record = self.record.with_tensors(section(state, "record"))
+        self.counters.load_state(section(state, "counters"))
+        self.prev_done = state["prev_done"]
+        if self.model.recurrent:
+            self.memory = type(self.memory).of(section(state, "memory"))
+        if self.teammates is not None:
+            self.teammates.load_step_state(section(state, "teammates"))
+        if self.league is not None:
+            self.league.load_step_state(section(state, "league"))
+        stats.update(section(state, "stats"))
+
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """The envs in play, their records, episode counters and memory (keys as checkpoints store them)."""
         out = {f"env.{k}": v for k, v in self.env.state_dict().items()}
@@ -534,8 +579,7 @@ class Rollout:
         out.update({f"trainer.{k}": v for k, v in self.counters.state_tensors().items()})
         out["trainer.prev_done"] = self.prev_done
         if self.model.recurrent:
-            for k in dataclasses.fields(self.memory):
-                out[f"memory.{k.name}"] = getattr(self.memory, k.name)
+            out.update({f"memory.{k}": v for k, v in self.memory.tensors().items()})
         return out
 
     def load_state(self, tensors: dict[str, torch.Tensor], section: Callable[[str], dict[str, torch.Tensor]]) -> None:
@@ -552,4 +596,4 @@ class Rollout:
         if "trainer.prev_done" in tensors:  # older checkpoints of memoryless runs lack it (it resets teammates' memory)
             self.prev_done = tensors["trainer.prev_done"].to(dev)
         if self.model.recurrent:
-            self.memory = type(self.memory)(**{k.name: tensors[f"memory.{k.name}"].to(dev) for k in dataclasses.fields(self.memory)})
+            self.memory = type(self.memory).of({k: v.to(dev) for k, v in section("memory").items()})

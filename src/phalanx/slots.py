@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from phalanx.checkpoint import section
 from phalanx.draws import Source
 from phalanx.envs.base import StepRecord, VecEnv
 from phalanx.errors import ConfigError
@@ -73,6 +74,16 @@ class Teammates:
             mask = torch.tensor([s == name for s in slots], device=device)
             frozen = load(name[4:], device=str(device)) if name.startswith("run:") else None
             self.groups.append((name, mask, frozen))
+
+    def step_state(self) -> dict[str, torch.Tensor]:
+        """The frozen teammates' memories, as a step state (phalanx.graphs)."""
+        return {f"{name}.{k}": v for name, _, frozen in self.groups if frozen is not None
+                for k, v in frozen.step_state().items()}
+
+    def load_step_state(self, state: dict[str, torch.Tensor]) -> None:
+        for name, _, frozen in self.groups:
+            if frozen is not None:
+                frozen.load_step_state(section(state, name))
 
     def fill(self, actions: torch.Tensor, record: StepRecord, draws: Source, reset: torch.Tensor) -> torch.Tensor:
         """`actions` with the teammates' in their slots; `reset` [N, A]: the slots whose episode starts at this

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 
@@ -48,13 +49,31 @@ class StepRecord:
     quiet: bool = False
     finite: bool = False
 
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Every tensor of the record by name (info's as 'info.<key>'); a state that is None is left out."""
+        out = {"obs": self.obs, "reward": self.reward, "terminated": self.terminated, "truncated": self.truncated,
+               "active": self.active, "trial_end": self.trial_end, "final_obs": self.final_obs}
+        if self.state is not None:
+            out["state"] = self.state
+        if self.final_state is not None:
+            out["final_state"] = self.final_state
+        out.update({f"info.{k}": v for k, v in self.info.items()})
+        return out
+
+    def with_tensors(self, tensors: dict[str, torch.Tensor]) -> StepRecord:
+        """This record with the tensors of `tensors()` replaced by those named in `tensors`, as they are."""
+        info = {k[5:]: v for k, v in tensors.items() if k.startswith("info.")}
+        fields = {k: v for k, v in tensors.items() if not k.startswith("info.")}
+        return dataclasses.replace(self, **fields, info={**self.info, **info})
+
 
 class VecEnv:
     """Base class of batched torch environments.
 
-    Subclasses set the attributes below in `__init__` and implement `reset`, `step`,
-    `state_dict` and `load_state_dict` (the dynamic state, including the RNG, so a resumed run
-    continues bit-identically).
+    Subclasses set the attributes below in `__init__` and implement `reset`, `step`, and either
+    `step_state` and `load_step_state` (the tensors a step reads and may replace; the checkpoint methods
+    derive from them) or `state_dict` and `load_state_dict` (the dynamic state, including the RNG, so a
+    resumed run continues bit-identically).
     """
 
     name: str = "env"
@@ -75,6 +94,8 @@ class VecEnv:
     # whole rollout step; other envs run eagerly beside a compiled policy.
     capturable: bool = False
     rng: Draws | None = None
+    # The env's own generator, where it has one: saved with its state (the default `state_dict`).
+    gen: torch.Generator | None = None
     # False where `state_dict` cannot hold the env's whole state (gymnasium / PettingZoo adapters: their
     # envs cannot be saved); a resumed run then goes on from the envs' current episodes.
     restorable: bool = True
@@ -87,11 +108,35 @@ class VecEnv:
     def step(self, actions: torch.Tensor) -> StepRecord:
         raise NotImplementedError
 
+    def step_state(self) -> dict[str, torch.Tensor]:
+        """The env's dynamic state: every tensor `step` (and `scripted_actions`) reads that a step may change,
+        the live tensors themselves (not copies), under names that never change.
+
+        A step may write these in place or replace them (`self.x = torch.where(...)`); either way the
+        next `step_state()` returns the current ones. Under --cuda-graphs the recorded step's new values
+        are copied back into the tensors it started from and handed back through `load_step_state`, so
+        a replay reads and writes the same memory (phalanx.graphs). Constants (tables, masks made in
+        `__init__`, caches filled once) are not part of it.
+        """
+        raise NotImplementedError(f"env '{self.name}' does not name its step state (VecEnv.step_state)")
+
+    def load_step_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Take `state` (the names of `step_state`) as the env's own tensors, as they are: no copy."""
+        raise NotImplementedError(f"env '{self.name}' does not name its step state (VecEnv.load_step_state)")
+
     def state_dict(self) -> dict[str, torch.Tensor]:
-        raise NotImplementedError
+        """A copy of the dynamic state for checkpoints: `step_state`, and the generator's state as 'rng'."""
+        out = {k: v.clone() for k, v in self.step_state().items()}
+        if self.gen is not None:
+            out["rng"] = generator_state(self.gen)
+        return out
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        raise NotImplementedError
+        """Restore a `state_dict`: each tensor copied to this env's device, dtype and shape."""
+        self.load_step_state({k: state[k].to(device=self.device, dtype=ref.dtype).reshape(ref.shape).clone()
+                              for k, ref in self.step_state().items()})
+        if self.gen is not None:
+            set_generator_state(self.gen, state["rng"])
 
     def scripted_actions(self, name: str, record: StepRecord, draws: Source) -> torch.Tensor:
         """Actions [N, A, ...] of the scripted policy `name` for every slot, given the latest record.

@@ -80,7 +80,7 @@ import torch
 from phalanx.consts import constant
 from phalanx.draws import Draws, Source, uniform
 from phalanx.envs import draw
-from phalanx.envs.base import StepRecord, VecEnv, generator_state, set_generator_state
+from phalanx.envs.base import StepRecord, VecEnv
 from phalanx.envs.registry import EnvOption, EnvSpec, register
 from phalanx.envs.spaces import Box, MultiDiscrete
 from phalanx.errors import ConfigError
@@ -424,25 +424,13 @@ class BucketBrigadeEnv(VecEnv):
         houses = decode_houses(record.obs[:, 0, :NUM_HOUSES])
         return baseline_actions(houses, self.own, p["work_tendency"] * (1 - p["rest_bias"]), p["own_priority"], draws)
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {
-            "houses": self.houses.clone(),
-            "night": self.night.clone(),
-            "signals": self.signals.clone(),
-            "locations": self.locations.clone(),
-            "last_actions": self.last_actions.clone(),
-            "ep_team_return": self.ep_team_return.clone(),
-            "rng": generator_state(self.gen),
-        }
+    def step_state(self) -> dict[str, torch.Tensor]:
+        return {"houses": self.houses, "night": self.night, "signals": self.signals, "locations": self.locations,
+                "last_actions": self.last_actions, "ep_team_return": self.ep_team_return}
 
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        n, a, dev = self.num_envs, self.num_agents, self.device
-        self.set_houses(state["houses"], state["night"])
-        self.signals = state["signals"].to(device=dev, dtype=torch.long).reshape(n, a).clone()
-        self.locations = state["locations"].to(device=dev, dtype=torch.long).reshape(n, a).clone()
-        self.last_actions = state["last_actions"].to(device=dev, dtype=torch.long).reshape(n, a, 2).clone()
-        self.ep_team_return = state["ep_team_return"].to(device=dev, dtype=torch.float32).reshape(n).clone()
-        set_generator_state(self.gen, state["rng"])
+    def load_step_state(self, state: dict[str, torch.Tensor]) -> None:
+        self.houses, self.night, self.signals = state["houses"], state["night"], state["signals"]
+        self.locations, self.last_actions, self.ep_team_return = state["locations"], state["last_actions"], state["ep_team_return"]
 
     # --- rendering --------------------------------------------------------------------------------
     def render(self, env_index: int = 0) -> torch.Tensor:

@@ -8,7 +8,7 @@ import torch
 
 from phalanx.draws import Draws
 from phalanx.envs import draw
-from phalanx.envs.base import StepRecord, VecEnv, generator_state, set_generator_state
+from phalanx.envs.base import StepRecord, VecEnv
 from phalanx.envs.registry import EnvOption, EnvSpec, register
 from phalanx.envs.spaces import Box, Discrete
 
@@ -133,18 +133,11 @@ class ClassicEnv(VecEnv):
         if elapsed is not None:
             self.elapsed = elapsed.to(device=self.device, dtype=torch.long).reshape(self.num_envs).clone()
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {
-            "physics_state": self.physics_state.clone(),
-            "elapsed": self.elapsed.clone(),
-            "ep_return": self.ep_return.clone(),
-            "rng": generator_state(self.gen),
-        }
+    def step_state(self) -> dict[str, torch.Tensor]:
+        return {"physics_state": self.physics_state, "elapsed": self.elapsed, "ep_return": self.ep_return}
 
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        self.set_physics_state(state["physics_state"], state["elapsed"])
-        self.ep_return = state["ep_return"].to(device=self.device, dtype=torch.float32).clone()
-        set_generator_state(self.gen, state["rng"])
+    def load_step_state(self, state: dict[str, torch.Tensor]) -> None:
+        self.physics_state, self.elapsed, self.ep_return = state["physics_state"], state["elapsed"], state["ep_return"]
 
 
 class CartPoleEnv(ClassicEnv):

@@ -106,7 +106,7 @@ def check_state_dict(env: VecEnv) -> dict[str, torch.Tensor]:
         state = env.state_dict()
     except NotImplementedError:
         raise _fail(env, "state_dict() is not implemented: checkpoints and resume need the env's dynamic state "
-                         "(tensors, generator state included: phalanx.envs.generator_state)") from None
+                         "(implement step_state() and load_step_state(), or state_dict() and load_state_dict())") from None
     if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
         raise _fail(env, "state_dict() must return a dict of str -> torch.Tensor (saved with safetensors)")
     return state
@@ -149,6 +149,7 @@ def check_env(env: VecEnv, steps: int = 64, seed: int = 7, quick: bool = False) 
     # Auto-reset, final_obs and inactive slots over a random run.
     first = check_record(env, env.reset(seed=seed), "reset")
     prev, trace, records = first, [], []
+    layout = _step_state_layout(env, None, -1)
     for t in range(steps):
         actions = sample_actions(env, gen)
         rec = check_record(env, _guarded(env, "step(actions)", lambda a=actions: env.step(a)), "step")
@@ -170,6 +171,7 @@ def check_env(env: VecEnv, steps: int = 64, seed: int = 7, quick: bool = False) 
         if bool((idle & (rec.terminated | rec.truncated)).any()):
             raise _fail(env, f"step() record.terminated / truncated must be False for slots that were inactive before the step (step {t})")
         prev = rec
+        _step_state_layout(env, layout, t)
     # Seeded determinism: the same seed and actions give the same records.
     again = env.reset(seed=seed)
     if (field := _records_equal(first, again)) is not None:
@@ -190,6 +192,28 @@ def check_env(env: VecEnv, steps: int = 64, seed: int = 7, quick: bool = False) 
         if (field := _records_equal(want, got)) is not None:
             raise _fail(env, f"load_state_dict(state_dict()) must restore the env: record.{field} differs after the round trip "
                              "(is the generator state saved?)")
+
+
+def _step_state_layout(env: VecEnv, want: dict[str, tuple] | None, t: int) -> dict[str, tuple] | None:
+    """A capturable env's step state as names -> (shape, dtype): the same after every step (a replayed
+    --cuda-graphs step reads and writes the tensors it was recorded with)."""
+    if not env.capturable:
+        return None
+    try:
+        state = env.step_state()
+    except NotImplementedError:
+        raise _fail(env, "step_state() is not implemented: a capturable env names the tensors its step reads and "
+                         "replaces (step_state() and load_step_state(); docs/ENVIRONMENTS.md)") from None
+    got = {k: (tuple(v.shape), v.dtype) for k, v in state.items()}
+    if want is not None and got != want:
+        name = next(k for k in want.keys() | got.keys() if want.get(k) != got.get(k))
+        raise _fail(env, f"step_state() must keep its names, shapes and dtypes from step to step; '{name}' was "
+                         f"{_layout(want.get(name))} and is {_layout(got.get(name))} after step {t}")
+    return got
+
+
+def _layout(entry: tuple | None) -> str:
+    return "missing" if entry is None else f"{_dt(entry[1])} {list(entry[0])}"
 
 
 def _check_actions_refused(env: VecEnv) -> None:

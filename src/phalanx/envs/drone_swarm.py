@@ -909,6 +909,16 @@ class DroneSwarmEnv(VecEnv):
         return img
 
     # --- state ------------------------------------------------------------------------------------
+    def step_state(self) -> dict[str, torch.Tensor]:
+        out = {k: getattr(self, k) for k in self._DYNAMIC}
+        out.update(epoch=self.epoch, cell_epoch=self.cell_epoch, uncovered=self.uncovered, last_terms=self.last_terms)
+        return out
+
+    def load_step_state(self, state: dict[str, torch.Tensor]) -> None:
+        for k in (*self._DYNAMIC, "epoch", "cell_epoch", "uncovered", "last_terms"):
+            setattr(self, k, state[k])
+
+    # A checkpoint keeps the coverage as cells (`covered`), not as the epoch counters that encode it.
     def state_dict(self) -> dict[str, torch.Tensor]:
         out = {k: getattr(self, k).clone() for k in self._DYNAMIC}
         out["covered"] = self.covered

@@ -90,7 +90,7 @@ import torch
 from phalanx.consts import constant
 from phalanx.draws import Draws, Source, uniform
 from phalanx.envs import draw
-from phalanx.envs.base import StepRecord, VecEnv, generator_state, set_generator_state
+from phalanx.envs.base import StepRecord, VecEnv
 from phalanx.envs.registry import EnvOption, EnvSpec, register
 from phalanx.envs.spaces import Box, MultiDiscrete
 from phalanx.errors import ConfigError
@@ -655,14 +655,11 @@ class DuelEnv(VecEnv):
         keys[..., LIGHT] = (opp_alive & (torch.hypot(dx, oy - y) < 2.0)).long()
         return keys
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        out = {k: v.clone() for k, v in self.st.items()}
-        out["rng"] = generator_state(self.gen)
-        return out
+    def step_state(self) -> dict[str, torch.Tensor]:
+        return dict(self.st)
 
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        self.st = {k: state[k].to(device=self.device, dtype=v.dtype).reshape(v.shape).clone() for k, v in self.st.items()}
-        set_generator_state(self.gen, state["rng"])
+    def load_step_state(self, state: dict[str, torch.Tensor]) -> None:
+        self.st = {k: state[k] for k in self.st}
 
     # --- rendering --------------------------------------------------------------------------------
     def render(self, env_index: int = 0) -> torch.Tensor:

@@ -78,7 +78,7 @@ from collections import deque
 import torch
 
 from phalanx.draws import Draws, Source, integers
-from phalanx.envs.base import StepRecord, VecEnv, generator_state, set_generator_state
+from phalanx.envs.base import StepRecord, VecEnv
 from phalanx.envs.registry import EnvOption, EnvSpec, register
 from phalanx.envs.spaces import Box, Discrete
 from phalanx.errors import ConfigError
@@ -551,18 +551,13 @@ class PixelGoalEnv(VecEnv):
         raise KeyError(f"env '{self.name}' has no scripted policy '{name}'; known: {', '.join(self.scripted_names)}")
 
     # --- checkpoints -------------------------------------------------------------------------------
-    _STATE_KEYS = ("pos", "frames", "prev_dist", "under", "elapsed", "ep_return")
+    def step_state(self) -> dict[str, torch.Tensor]:
+        return {"pos": self.pos, "frames": self.frames, "prev_dist": self.prev_dist, "under": self.under,
+                "elapsed": self.elapsed, "ep_return": self.ep_return}
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        out = {k: getattr(self, k).clone() for k in self._STATE_KEYS}
-        out["rng"] = generator_state(self.gen)
-        return out
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        for k in self._STATE_KEYS:
-            ref = getattr(self, k)
-            setattr(self, k, state[k].to(device=self.device, dtype=ref.dtype).reshape(ref.shape).clone())
-        set_generator_state(self.gen, state["rng"])
+    def load_step_state(self, state: dict[str, torch.Tensor]) -> None:
+        self.pos, self.frames, self.prev_dist = state["pos"], state["frames"], state["prev_dist"]
+        self.under, self.elapsed, self.ep_return = state["under"], state["elapsed"], state["ep_return"]
 
 
 @functools.cache

@@ -285,13 +285,16 @@ class TrialNavWorld(VecEnv):
         raise KeyError(f"env '{self.name}' has no scripted policy '{name}'; known: {', '.join(self.scripted_names)}")
 
     # --- checkpoints -------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        keys = ("seeds", "goal", "start", "pos", "parked", "t", "patrol", "visited_trial", "visited_episode", "known_goal")
-        return {k: getattr(self, k).clone() for k in keys}
+    def step_state(self) -> dict[str, torch.Tensor]:
+        return {"seeds": self.seeds, "goal": self.goal, "start": self.start, "pos": self.pos, "parked": self.parked,
+                "t": self.t, "patrol": self.patrol, "visited_trial": self.visited_trial,
+                "visited_episode": self.visited_episode, "known_goal": self.known_goal}
 
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        for k, ref in self.state_dict().items():
-            setattr(self, k, state[k].to(device=self.device, dtype=ref.dtype).reshape(ref.shape).clone())
+    def load_step_state(self, state: dict[str, torch.Tensor]) -> None:
+        self.seeds, self.goal, self.start, self.pos = state["seeds"], state["goal"], state["start"], state["pos"]
+        self.parked, self.t, self.patrol = state["parked"], state["t"], state["patrol"]
+        self.visited_trial, self.visited_episode, self.known_goal = (state["visited_trial"], state["visited_episode"],
+                                                                     state["known_goal"])
 
     # --- rendering ---------------------------------------------------------------------------------
     def render(self, env_index: int = 0) -> torch.Tensor:

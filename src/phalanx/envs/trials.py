@@ -254,6 +254,20 @@ class MultiTrialEnv(VecEnv):
     def scripted_actions(self, name: str, record: StepRecord, draws: Source) -> torch.Tensor:
         return self.inner.scripted_actions(name, record, draws)
 
+    def step_state(self) -> dict[str, torch.Tensor]:
+        out = {"episode_seed": self.episode_seed, "trial": self.trial, "trial_step": self.trial_step, "active": self.active,
+               "reached": self.reached, "ack": self.ack, "scores": self.scores, "completed": self.completed,
+               "length_sum": self.length_sum}
+        out.update({f"inner.{k}": v for k, v in self.inner.step_state().items()})
+        return out
+
+    def load_step_state(self, state: dict[str, torch.Tensor]) -> None:
+        self.inner.load_step_state({k[6:]: v for k, v in state.items() if k.startswith("inner.")})
+        self.episode_seed, self.trial, self.trial_step = state["episode_seed"], state["trial"], state["trial_step"]
+        self.active, self.reached, self.ack = state["active"], state["reached"], state["ack"]
+        self.scores, self.completed, self.length_sum = state["scores"], state["completed"], state["length_sum"]
+
+    # The inner world's own checkpoint (its generator's state too, where it has one) under 'inner.'.
     def state_dict(self) -> dict[str, torch.Tensor]:
         out = {
             "episode_seed": self.episode_seed.clone(),

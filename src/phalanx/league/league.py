@@ -266,6 +266,21 @@ class League:
         self.assign = torch.where(env_done, fresh, self.assign)
         self.reset_next = env_done
 
+    def step_state(self) -> dict[str, torch.Tensor]:
+        """Each env's opponent and pending reset, and the memories of the players with one, as a step state
+        (phalanx.graphs). The sampling weights and game counts are written in place."""
+        out = {"assign": self.assign, "reset_next": self.reset_next}
+        out.update({f"learner.{k}": v for k, v in self.learner_as_opponent.step_state().items()})
+        for i, policy in enumerate(self.bank):
+            out.update({f"bank.{i}.{k}": v for k, v in policy.step_state().items()})
+        return out
+
+    def load_step_state(self, state: dict[str, torch.Tensor]) -> None:
+        self.assign, self.reset_next = state["assign"], state["reset_next"]
+        self.learner_as_opponent.load_step_state(section(state, "learner"))
+        for i, policy in enumerate(self.bank):
+            policy.load_step_state(section(state, f"bank.{i}"))
+
     # -- between updates (host) -------------------------------------------------------------------------
     def end_update(self, step: int, model: torch.nn.Module, obs_rms: Any) -> dict[str, float]:
         """Rate the update's games, snapshot the learner when due, retire old snapshots.
@@ -340,8 +355,7 @@ class League:
         for i, o in enumerate(self.players):
             mem = o.policy.memory if o is not None and o.policy is not None else None
             if mem is not None:
-                for f in dataclasses.fields(mem):
-                    out[f"league.memory.{i}.{f.name}"] = getattr(mem, f.name)
+                out.update({f"league.memory.{i}.{k}": v for k, v in mem.tensors().items()})
         return out
 
     def load(self, data: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
@@ -367,7 +381,7 @@ class League:
         for i in slots:
             fields = {k.rsplit(".", 1)[1]: v.to(dev) for k, v in tensors.items() if k.startswith(f"league.memory.{i}.")}
             if fields and self.players[i].policy is not None:
-                self.players[i].policy.memory = type(self.learner_policy.model.initial_state(1, dev))(**fields)
+                self.players[i].policy.memory = type(self.learner_policy.model.initial_state(1, dev)).of(fields)
         self.in_use = set(data["in_use"])
         self._refresh()
 

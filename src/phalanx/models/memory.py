@@ -85,6 +85,15 @@ class _State:
         """The states of some slots (a long index or a bool mask over the batch axis)."""
         return self._map(lambda t, d: t[(slice(None),) * d + (rows,)])
 
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The fields by name (the memory's part of a step state; checkpoints store them so)."""
+        return {f: getattr(self, f) for f in self._batch_dims}
+
+    @classmethod
+    def of(cls, tensors: dict[str, torch.Tensor]):
+        """The memory made of `tensors` (the names of `tensors()`), as they are."""
+        return cls(**{f: tensors[f] for f in cls._batch_dims})
+
     @classmethod
     def cat(cls, states):
         return cls(**{f: torch.cat([getattr(s, f) for s in states], d) for f, d in cls._batch_dims.items()})
