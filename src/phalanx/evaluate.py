@@ -134,9 +134,9 @@ class Lineup:
     side: torch.Tensor | None = None
 
     def reset(self) -> None:
-        """Clear the memory of every recurrent policy in the lineup (a new batch of episodes)."""
+        """Clear the memory of every policy in the lineup (a new batch of episodes)."""
         for p in (self.player, self.opponent):
-            if isinstance(p, Policy) and p.recurrent:
+            if isinstance(p, Policy):
                 p.reset_memory()
 
     def act(self, env: VecEnv, rec: StepRecord, gen: torch.Generator, prev_done: torch.Tensor, greedy: bool) -> torch.Tensor:

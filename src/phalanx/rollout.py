@@ -102,9 +102,9 @@ class Rollout:
         self.counters = EpisodeCounters(self.N, self.A, self.device)
         # Slots whose episode ended at the last step: memory (the learner's, a teammate's) resets there.
         self.prev_done = torch.zeros(self.N, self.A, dtype=torch.bool, device=self.device)
-        if model.recurrent:
-            self.memory = model.initial_state(self.N * self.A, self.device)
-            self.segment_start = self.memory.clone()
+        # The learner's memory (empty for a feed-forward model), and as it was at this rollout's start.
+        self.memory = model.initial_state(self.N * self.A, self.device)
+        self.segment_start = self.memory.clone()
         # Which envs' final observations go through the critic: only the truncated ones (CPU, where
         # reading which they are costs nothing) or all of them (accelerators: no host sync). Same values.
         self.final_values_whole_batch = self.device.type != "cpu"
@@ -281,8 +281,7 @@ class Rollout:
         for name in ("terminated", "truncated", "trial_end"):
             b[name].zero_()
         b["active"].copy_(self._learner_rows)
-        if model.recurrent:
-            self.segment_start = self.memory.clone()
+        self.segment_start = self.memory.clone()
         if self.league is not None and self._graph is not None and self._graph_layout != self.league.layout:
             self._graph, self._warm_steps = None, 0  # the league's bank grew: record the step again
         for t in range(self.cfg.num_steps):
@@ -546,8 +545,7 @@ class Rollout:
         out.update({f"record.{k}": v for k, v in self.record.tensors().items()})
         out.update({f"counters.{k}": v for k, v in self.counters.state_tensors().items()})
         out["prev_done"] = self.prev_done
-        if self.model.recurrent:
-            out.update({f"memory.{k}": v for k, v in self.memory.tensors().items()})
+        out.update({f"memory.{k}": v for k, v in self.memory.tensors().items()})
         if self.teammates is not None:
             out.update({f"teammates.{k}": v for k, v in self.teammates.step_state().items()})
         if self.league is not None:
@@ -561,8 +559,7 @@ class Rollout:
         self.record = self.record.with_tensors(section(state, "record"))
         self.counters.load_state(section(state, "counters"))
         self.prev_done = state["prev_done"]
-        if self.model.recurrent:
-            self.memory = type(self.memory).of(section(state, "memory"))
+        self.memory = type(self.memory).of(section(state, "memory"))
         if self.teammates is not None:
             self.teammates.load_step_state(section(state, "teammates"))
         if self.league is not None:
@@ -578,8 +575,7 @@ class Rollout:
             out["record.state"] = rec.state
         out.update({f"trainer.{k}": v for k, v in self.counters.state_tensors().items()})
         out["trainer.prev_done"] = self.prev_done
-        if self.model.recurrent:
-            out.update({f"memory.{k}": v for k, v in self.memory.tensors().items()})
+        out.update({f"memory.{k}": v for k, v in self.memory.tensors().items()})
         return out
 
     def load_state(self, tensors: dict[str, torch.Tensor], section: Callable[[str], dict[str, torch.Tensor]]) -> None:
@@ -595,5 +591,4 @@ class Rollout:
         self.counters.load_state(section("trainer"))
         if "trainer.prev_done" in tensors:  # older checkpoints of memoryless runs lack it (it resets teammates' memory)
             self.prev_done = tensors["trainer.prev_done"].to(dev)
-        if self.model.recurrent:
-            self.memory = type(self.memory).of({k: v.to(dev) for k, v in section("memory").items()})
+        self.memory = type(self.memory).of({k: v.to(dev) for k, v in section("memory").items()})

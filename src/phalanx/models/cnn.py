@@ -18,6 +18,7 @@ from phalanx.draws import Source
 from phalanx.envs.spaces import Space
 from phalanx.models.memory import LSTMActorCritic, TransformerActorCritic
 from phalanx.models.mlp import ACTIVATIONS, ActionHead, Linear, layer_init
+from phalanx.models.state import NoMemory
 
 MEMORY_CORES = {"lstm": LSTMActorCritic, "transformer": TransformerActorCritic}
 
@@ -169,6 +170,10 @@ class CNNActorCritic(nn.Module):
     def evaluate(self, obs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.actor(self.features(obs))
         return self.head.log_prob_entropy(out, actions)
+
+    def initial_state(self, batch_size: int, device: torch.device | str | None = None) -> NoMemory:
+        """A feed-forward model's memory: none (models/state.py)."""
+        return NoMemory()
 
     def act_value(
         self, obs: torch.Tensor, generator: Source = None, greedy: bool = False, critic_in: torch.Tensor | None = None

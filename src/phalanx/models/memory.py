@@ -68,51 +68,18 @@ from phalanx.algo.scan import linear_scan
 from phalanx.draws import Source
 from phalanx.envs.spaces import Space
 from phalanx.models.mlp import ACTIVATIONS, ActionHead, Linear, layer_init, mlp
-
-
-class _State:
-    """Batch helpers shared by the state dataclasses; `_batch_dims` names each field's slot axis."""
-
-    _batch_dims: dict[str, int] = {}
-
-    def _map(self, fn):
-        return type(self)(**{f: fn(getattr(self, f), d) for f, d in self._batch_dims.items()})
-
-    def clone(self):
-        return self._map(lambda t, d: t.clone())
-
-    def select(self, rows: torch.Tensor):
-        """The states of some slots (a long index or a bool mask over the batch axis)."""
-        return self._map(lambda t, d: t[(slice(None),) * d + (rows,)])
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        """The fields by name (the memory's part of a step state; checkpoints store them so)."""
-        return {f: getattr(self, f) for f in self._batch_dims}
-
-    @classmethod
-    def of(cls, tensors: dict[str, torch.Tensor]):
-        """The memory made of `tensors` (the names of `tensors()`), as they are."""
-        return cls(**{f: tensors[f] for f in cls._batch_dims})
-
-    @classmethod
-    def cat(cls, states):
-        return cls(**{f: torch.cat([getattr(s, f) for s in states], d) for f, d in cls._batch_dims.items()})
-
-    @property
-    def batch_size(self) -> int:
-        f, d = next(iter(self._batch_dims.items()))
-        return getattr(self, f).shape[d]
+from phalanx.models.state import MemoryState
 
 
 @dataclasses.dataclass
-class LSTMState(_State):
+class LSTMState(MemoryState):
     h: torch.Tensor  # [B, H]
     c: torch.Tensor  # [B, H]
     _batch_dims = {"h": 0, "c": 0}
 
 
 @dataclasses.dataclass
-class KVCache(_State):
+class KVCache(MemoryState):
     k: torch.Tensor  # [layers, B, horizon, width]
     v: torch.Tensor  # [layers, B, horizon, width]
     pos: torch.Tensor  # [B] long: active steps so far in the episode

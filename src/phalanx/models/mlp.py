@@ -11,6 +11,7 @@ from torch.nn import functional as F
 from phalanx.draws import Source
 from phalanx.envs.spaces import Box, Discrete, MultiDiscrete, Space
 from phalanx.models import distributions as D
+from phalanx.models.state import NoMemory
 
 # Below this many elements torch.tanh itself is the faster form, forward and backward (a 64-wide layer
 # of up to 256 rows on a 2-core CPU: the custom function's dispatch cost more than tanh's arithmetic).
@@ -355,6 +356,10 @@ class MLPActorCritic(nn.Module):
         out = self.actor(self.actor_input(obs))
         action = self.head.sample(out, generator, greedy)
         return action, self.head.log_prob(out, action)
+
+    def initial_state(self, batch_size: int, device: torch.device | str | None = None) -> NoMemory:
+        """A feed-forward model's memory: none (models/state.py)."""
+        return NoMemory()
 
     def act_value(self, obs: torch.Tensor, generator: Source = None, greedy: bool = False,
                   critic_in: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -33,6 +33,10 @@ class ActorCritic(Protocol):
         """V per agent [..., A] from observations [..., A, D] (IPPO) or the global state [..., S] (MAPPO)."""
         ...
 
+    def initial_state(self, batch_size: int, device: torch.device | str | None = None):
+        """The memory (models/state.py) of `batch_size` slots at an episode start; `NoMemory` where feed-forward."""
+        ...
+
 
 @runtime_checkable
 class FeedForwardActorCritic(ActorCritic, Protocol):
@@ -54,10 +58,6 @@ class FeedForwardActorCritic(ActorCritic, Protocol):
 
 @runtime_checkable
 class RecurrentActorCritic(ActorCritic, Protocol):
-    def initial_state(self, batch_size: int, device: torch.device | str | None = None):
-        """The memory of `batch_size` slots at an episode start."""
-        ...
-
     def act_step(self, obs: torch.Tensor, state, reset: torch.Tensor | None = None, active: torch.Tensor | None = None,
                  generator: Source = None, greedy: bool = False):
         """-> (action, log-prob, value | None, state), the state updated in place."""

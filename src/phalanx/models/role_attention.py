@@ -17,6 +17,7 @@ from phalanx.consts import constant
 from phalanx.draws import Source
 from phalanx.envs.spaces import Space
 from phalanx.models.mlp import ACTIVATIONS, ActionHead, Linear, layer_init, mlp
+from phalanx.models.state import NoMemory
 
 DEFAULT_RELAY_ROLES: tuple[int, ...] = (1,)
 DEFAULT_MASSES: tuple[float, ...] = (0.6, 0.4)  # (every non-relay role, relays)
@@ -272,6 +273,10 @@ class RoleAttentionActorCritic(nn.Module):
         out = self.actor(self._features(self.actor_attn, obs, present))
         action = self.head.sample(out, generator, greedy)
         return action, self.head.log_prob(out, action)
+
+    def initial_state(self, batch_size: int, device: torch.device | str | None = None) -> NoMemory:
+        """A feed-forward model's memory: none (models/state.py)."""
+        return NoMemory()
 
     def act_value(self, obs: torch.Tensor, generator: Source = None, greedy: bool = False,
                   critic_in: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

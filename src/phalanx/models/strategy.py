@@ -29,13 +29,13 @@ from phalanx.models.memory import (
     LSTMCore,
     LSTMState,
     _MemoryActorCritic,
-    _State,
 )
 from phalanx.models.mlp import ACTIVATIONS, Linear, layer_init
+from phalanx.models.state import MemoryState
 
 
 @dataclasses.dataclass
-class StrategyState(_State):
+class StrategyState(MemoryState):
     """The strategy encoder's KV cache (k, v, pos, valid as in `KVCache`) and the LSTM core's (h, c)."""
 
     k: torch.Tensor  # [layers, B, history, width]
