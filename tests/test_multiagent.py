@@ -196,7 +196,7 @@ def test_multiagent_run_logs_team_metrics(tmp_path):
 def test_frozen_checkpoint_teammate_plays_but_does_not_learn(tmp_path):
     first = phalanx.train(**{**BASE, "total_steps": 4 * 12 * 2}, run_dir=tmp_path / "first")
     tr = make_trainer(tmp_path / "second", teammates=f"run:{first.run_dir}")
-    frozen = tr.teammates.groups[0][2]
+    frozen = tr.teammates.plan.players[0]
     before = {k: v.clone() for k, v in frozen.model.state_dict().items()}
     tr.collect()
     tr.update()
@@ -222,7 +222,7 @@ def test_a_frozen_teammate_with_memory_forgets_it_where_its_episode_starts(tmp_p
         played.fill(actions, rec, torch.Generator().manual_seed(i), no_reset)
     played.fill(actions, rec, torch.Generator().manual_seed(9), reset)
     fresh.fill(actions, rec, torch.Generator().manual_seed(9), no_reset)
-    memory, expected = played.groups[0][2].memory, fresh.groups[0][2].memory
+    memory, expected = played.plan.players[0].memory, fresh.plan.players[0].memory
     assert torch.equal(memory.h, expected.h) and torch.equal(memory.c, expected.c)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -16,7 +15,7 @@ from phalanx.errors import ConfigError
 from phalanx.league import learner_outcome
 from phalanx.league.ratings import DRAW, LOSS, WIN, wilson_interval
 from phalanx.policy import Policy
-from phalanx.slots import Player, Teammates, fill_slots, opponent_slots, parse_teammates, play
+from phalanx.slots import LEARNER_SLOT, Player, SlotPlan, Teammates, opponent_slots, parse_teammates, play
 
 
 @torch.no_grad()
@@ -56,7 +55,7 @@ def evaluate_policy(
             raise ConfigError(f"unknown opponent '{opponent}' for env '{env_name}'; allowed: random, "
                               f"{', '.join(env.scripted_names)}, snapshot:LATEST or snapshot:NAME")
     mates = Teammates(parse_teammates(teammates, env), env, env.device) if teammates and isinstance(policy, Policy) else None
-    lineup = Lineup(policy, mates, opponent, side)
+    lineup = Lineup(env, policy, mates, opponent, side)
     gen = torch.Generator(device=env.device)
     gen.manual_seed(seed)
     first = env.reset(seed=seed)
@@ -123,29 +122,30 @@ def _side_mean(v: torch.Tensor, side: torch.Tensor | None) -> torch.Tensor:
     return (v * ~side).sum(-1) / (~side).sum()
 
 
-@dataclass
 class Lineup:
     """Who plays which slots of an evaluated or recorded episode: `player` in every slot, then `teammates`
-    (learner slots keep the player's actions) and `opponent` on the opponent's side `side` (head-to-head)."""
+    in theirs (learner slots keep the player's actions) and `opponent` on the opponent's side `side`
+    (head-to-head), filled through one `SlotPlan`."""
 
-    player: Player
-    teammates: Teammates | None = None
-    opponent: Player = None
-    side: torch.Tensor | None = None
+    def __init__(self, env: VecEnv, player: Player, teammates: Teammates | None = None, opponent: Player = None,
+                 side: torch.Tensor | None = None):
+        self.env, self.player = env, player
+        others: list[Player] = list(teammates.plan.players) if teammates is not None else []
+        who = teammates.who.clone() if teammates is not None else torch.full((env.num_agents,), LEARNER_SLOT, device=env.device)
+        if side is not None:
+            others.append(opponent)
+            who[side] = len(others) - 1
+        self.others, self.who = SlotPlan(env, others), who
 
     def reset(self) -> None:
         """Clear the memory of every policy in the lineup (a new batch of episodes)."""
-        for p in (self.player, self.opponent):
-            if isinstance(p, Policy):
-                p.reset_memory()
+        if isinstance(self.player, Policy):
+            self.player.reset_memory()
+        self.others.reset_memory()
 
-    def act(self, env: VecEnv, rec: StepRecord, gen: torch.Generator, prev_done: torch.Tensor, greedy: bool) -> torch.Tensor:
-        actions = play(self.player, env, rec, gen, prev_done, greedy)
-        if self.teammates is not None:
-            actions = self.teammates.fill(actions, rec, gen, prev_done)
-        if self.side is not None:
-            actions = fill_slots(actions, self.side, play(self.opponent, env, rec, gen, prev_done, greedy=False))
-        return actions
+    def act(self, rec: StepRecord, gen: torch.Generator, prev_done: torch.Tensor, greedy: bool) -> torch.Tensor:
+        actions = play(self.player, self.env, rec, gen, prev_done, greedy)
+        return self.others.fill(actions, self.who, rec, gen, prev_done)
 
 
 def play_steps(lineup: Lineup, env: VecEnv, rec: StepRecord, gen: torch.Generator, greedy: bool,
@@ -154,6 +154,6 @@ def play_steps(lineup: Lineup, env: VecEnv, rec: StepRecord, gen: torch.Generato
     record that followed) a step."""
     prev_done = torch.zeros(env.num_envs, env.num_agents, dtype=torch.bool, device=env.device)
     for _ in range(max_steps):
-        before, rec = rec, env.step(lineup.act(env, rec, gen, prev_done, greedy))
+        before, rec = rec, env.step(lineup.act(rec, gen, prev_done, greedy))
         prev_done = rec.terminated | rec.truncated
         yield before, rec

@@ -27,7 +27,7 @@ def record_episode(policy: Player, env_name: str, path: str | Path, env_options:
     env = make(env_name, num_envs=1, device=device, seed=seed, **(env_options or {}))
     if not env.renders:
         raise PhalanxError(f"env '{env_name}' cannot render, so it cannot be recorded")
-    lineup = Lineup(policy, opponent=opponent, side=opponent_slots(env.num_agents, env.device) if opponent is not None else None)
+    lineup = Lineup(env, policy, opponent=opponent, side=opponent_slots(env.num_agents, env.device) if opponent is not None else None)
     gen = torch.Generator(device=env.device)
     gen.manual_seed(seed)
     first = env.reset(seed=seed)

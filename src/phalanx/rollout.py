@@ -547,7 +547,7 @@ class Rollout:
         out["prev_done"] = self.prev_done
         out.update({f"memory.{k}": v for k, v in self.memory.tensors().items()})
         if self.teammates is not None:
-            out.update({f"teammates.{k}": v for k, v in self.teammates.step_state().items()})
+            out.update({f"teammates.{k}": v for k, v in self.teammates.plan.step_state().items()})
         if self.league is not None:
             out.update({f"league.{k}": v for k, v in self.league.step_state().items()})
         out.update({f"stats.{k}": v for k, v in stats.items()})
@@ -561,7 +561,7 @@ class Rollout:
         self.prev_done = state["prev_done"]
         self.memory = type(self.memory).of(section(state, "memory"))
         if self.teammates is not None:
-            self.teammates.load_step_state(section(state, "teammates"))
+            self.teammates.plan.load_step_state(section(state, "teammates"))
         if self.league is not None:
             self.league.load_step_state(section(state, "league"))
         stats.update(section(state, "stats"))

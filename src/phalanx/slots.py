@@ -1,12 +1,15 @@
 """Slot control: which agent slots learn, and the one way other controllers act in the rest.
 
 A controller (`Player`) is a trained policy, a scripted policy's name or random play; `play` gives its
-actions for every slot and `fill_slots` puts them into the slots it controls. Teammates (config key
+actions for every slot, and a `SlotPlan` (who acts in which slot, as tensors) puts them into the slots
+each controls. Teammates (config key
 `teammates`: scripted names or `run:RUN_DIR` frozen policies for the last slots), league opponents (the
 last `num_agents // 2` slots) and evaluation against scripted teams and opponents all act through them.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 import torch
 
@@ -63,31 +66,78 @@ def parse_teammates(teammates: str, env: VecEnv) -> list[str]:
     return [""] * (env.num_agents - len(names)) + names
 
 
-class Teammates:
-    """Fills the non-learner slots' actions from scripted policies or frozen trained policies."""
+LEARNER_SLOT = -1  # `who` of a slot whose actions stand as given (the learner's, or the evaluated player's)
 
-    def __init__(self, slots: list[str], env: VecEnv, device: torch.device):
-        self.env = env
-        self.learner = torch.tensor([s == "" for s in slots], device=device)
-        self.groups: list[tuple[str, torch.Tensor, Policy | None]] = []
-        for name in dict.fromkeys(s for s in slots if s):
-            mask = torch.tensor([s == name for s in slots], device=device)
-            frozen = load(name[4:], device=str(device)) if name.startswith("run:") else None
-            self.groups.append((name, mask, frozen))
+
+class SlotPlan:
+    """Who acts in which slot, and the one way their actions fill the slots: collect (teammates, league
+    opponents), evaluation and recording all fill through `fill`.
+
+    `players[i]` (a `Player`: a policy, a scripted name, random) acts in the slots where `who == i`; `who`
+    ([A], or [N, A] where it differs per env, as league opponents do) is given to `fill` each step; where it
+    is `LEARNER_SLOT` the actions given stand. With `columns` (league opponents: the opponent's side), a
+    feed-forward policy reads only those slots' observations, and with `rows_only` (an eager CPU step, where
+    selecting rows is free) only the envs it plays in: with a pool of P snapshots, forwarding every env
+    through each would cost P full batches a step. A policy with memory reads every slot (its memory keeps
+    one row per env slot, whoever plays there next)."""
+
+    def __init__(self, env: VecEnv, players: list[Player], columns: torch.Tensor | None = None):
+        self.env, self.players, self.columns = env, players, columns
+
+    def fill(self, actions: torch.Tensor, who: torch.Tensor, rec: StepRecord, draws: Source, reset: torch.Tensor | None,
+             greedy: bool = False, playing: Iterable[int] | None = None, rows_only: bool = False) -> torch.Tensor:
+        """`actions` [N, A, ...] with each player's in its slots; `playing`: the players that may act (None:
+        every one, the static shape a captured step needs); `reset` [N, A]: the slots whose episode starts."""
+        for i in range(len(self.players)) if playing is None else playing:
+            player, mine = self.players[i], who == i
+            if self.columns is not None and isinstance(player, Policy) and not player.recurrent:
+                actions = self._fill_columns(actions, mine, player, rec, draws, greedy, rows_only)
+            else:
+                actions = fill_slots(actions, mine, play(player, self.env, rec, draws, reset, greedy))
+        return actions
+
+    def _fill_columns(self, actions: torch.Tensor, mine: torch.Tensor, policy: Policy, rec: StepRecord, draws: Source,
+                      greedy: bool, rows_only: bool) -> torch.Tensor:
+        cols = self.columns
+        mine = mine[:, cols] if mine.dim() == 2 else mine[cols].expand(actions.shape[0], len(cols))
+        if not rows_only:  # every env, the static shape (no host read)
+            other = policy.act(rec.obs[:, cols], greedy=greedy, generator=draws)
+            actions = actions.clone()
+            actions[:, cols] = fill_slots(actions[:, cols], mine, other)
+            return actions
+        rows = mine.any(-1).nonzero().squeeze(1)
+        if rows.numel() == 0:
+            return actions
+        other = policy.act(rec.obs[rows][:, cols], greedy=greedy, generator=draws).to(actions.dtype)
+        return actions.index_put((rows[:, None], cols[None, :]), other)
 
     def step_state(self) -> dict[str, torch.Tensor]:
-        """The frozen teammates' memories, as a step state (phalanx.graphs)."""
-        return {f"{name}.{k}": v for name, _, frozen in self.groups if frozen is not None
-                for k, v in frozen.step_state().items()}
+        """The memories of the players with one, as a step state (phalanx.graphs)."""
+        return {f"{i}.{k}": v for i, p in enumerate(self.players) if isinstance(p, Policy) for k, v in p.step_state().items()}
 
     def load_step_state(self, state: dict[str, torch.Tensor]) -> None:
-        for name, _, frozen in self.groups:
-            if frozen is not None:
-                frozen.load_step_state(section(state, name))
+        for i, p in enumerate(self.players):
+            if isinstance(p, Policy):
+                p.load_step_state(section(state, str(i)))
+
+    def reset_memory(self) -> None:
+        """Every policy forgets its memory (a new batch of episodes)."""
+        for p in self.players:
+            if isinstance(p, Policy):
+                p.reset_memory()
+
+
+class Teammates:
+    """The non-learner slots' controllers (config key `teammates`, from `parse_teammates`): scripted policies
+    and frozen trained ones (`run:RUN_DIR`), each in its fixed slots."""
+
+    def __init__(self, slots: list[str], env: VecEnv, device: torch.device):
+        names = list(dict.fromkeys(s for s in slots if s))
+        players: list[Player] = [load(n[4:], device=str(device)) if n.startswith("run:") else n for n in names]
+        self.plan = SlotPlan(env, players)
+        self.who = torch.tensor([names.index(s) if s else LEARNER_SLOT for s in slots], device=device)
 
     def fill(self, actions: torch.Tensor, record: StepRecord, draws: Source, reset: torch.Tensor) -> torch.Tensor:
         """`actions` with the teammates' in their slots; `reset` [N, A]: the slots whose episode starts at this
         step (a frozen policy with memory resets it there)."""
-        for name, mask, frozen in self.groups:
-            actions = fill_slots(actions, mask, play(frozen or name, self.env, record, draws, reset, greedy=False))
-        return actions
+        return self.plan.fill(actions, self.who, record, draws, reset)

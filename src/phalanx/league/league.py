@@ -31,7 +31,7 @@ from phalanx.draws import Source, uniform
 from phalanx.errors import CheckpointError, ConfigError
 from phalanx.league.ratings import DRAW, LEARNER, LOSS, WIN, Ratings
 from phalanx.policy import Policy, frozen_copy, load_frozen
-from phalanx.slots import fill_slots, opponent_slots, play
+from phalanx.slots import LEARNER_SLOT, SlotPlan, opponent_slots
 
 SELF_PLAY = "self_play"
 SNAPSHOT_DIR = "league/snapshots"
@@ -156,6 +156,8 @@ class League:
         self.players.append(Opponent(LEARNER, "learner", self.learner_as_opponent))
         self.bank_start = len(self.players)
         self.bank: list[Policy] = []
+        # Who plays: players[i] acts where an env's assign is i (the bank's policies, free or not, included).
+        self.plan = SlotPlan(env, [o.policy or o.name for o in self.players], columns=self.slot_index)
         self.weights = torch.zeros(len(self.players), device=self.device)
         self.counts = torch.zeros(len(self.players), 3, device=self.device)
         self.layout = 0  # bumped where the bank grows: a recorded CUDA graph of the old layout is stale
@@ -174,7 +176,9 @@ class League:
 
     def _grow(self, slots: int) -> None:
         """`slots` more bank slots (frozen copies of the learner, free until a snapshot takes one)."""
-        self.bank += [frozen_copy(self.learner_policy) for _ in range(slots)]
+        grown = [frozen_copy(self.learner_policy) for _ in range(slots)]
+        self.bank += grown
+        self.plan.players += grown
         self.players += [None] * slots
         self.weights = torch.cat([self.weights, self.weights.new_zeros(slots)])
         self.counts = torch.cat([self.counts, self.counts.new_zeros(slots, 3)])
@@ -230,31 +234,10 @@ class League:
     def fill(self, actions: torch.Tensor, record: Any, draws: Source) -> torch.Tensor:
         """Replace the opponent slots' actions: one batched forward per player (see `select_rows`; without
         it every player, free bank slots included, runs over every env, so the step's shape never changes)."""
+        who = torch.where(self.slots, self.assign[:, None], LEARNER_SLOT)
         reset = self.reset_next[:, None].expand(self.N, self.slots.shape[0])
-        side = self.slot_index
-        playing = sorted(self.in_use) if self.select_rows else range(len(self.players))
-        for i in playing:
-            o = self.players[i]
-            policy = self.bank[i - self.bank_start] if i >= self.bank_start else o.policy
-            mine = self.assign == i
-            if policy is not None and not policy.recurrent:
-                # A feed-forward snapshot acts for its own envs' opponent slots only: with a pool of P
-                # snapshots, forwarding every env through each would cost P full batches per step.
-                # Selecting rows is free on the CPU; on an accelerator it would synchronise, so there
-                # the forward keeps the static shape of all envs (opponent slots only).
-                rows = mine.nonzero().squeeze(1) if self.select_rows else None
-                if rows is not None and rows.numel() == 0:
-                    continue
-                if rows is None:
-                    other = policy.act(record.obs[:, side], greedy=False, generator=draws)
-                    actions = actions.clone()
-                    actions[:, side] = fill_slots(actions[:, side], mine[:, None].expand(self.N, len(side)), other)
-                else:
-                    other = policy.act(record.obs[rows][:, side], greedy=False, generator=draws).to(actions.dtype)
-                    actions = actions.index_put((rows[:, None], side[None, :]), other)
-                continue
-            other = play(policy or o.name, self.env, record, draws, reset, greedy=False)
-            actions = fill_slots(actions, self.slots[None, :] & mine[:, None], other)
+        playing = sorted(self.in_use) if self.select_rows else None
+        actions = self.plan.fill(actions, who, record, draws, reset, playing=playing, rows_only=self.select_rows)
         self.reset_next = torch.zeros_like(self.reset_next)
         return actions
 
@@ -269,17 +252,12 @@ class League:
     def step_state(self) -> dict[str, torch.Tensor]:
         """Each env's opponent and pending reset, and the memories of the players with one, as a step state
         (phalanx.graphs). The sampling weights and game counts are written in place."""
-        out = {"assign": self.assign, "reset_next": self.reset_next}
-        out.update({f"learner.{k}": v for k, v in self.learner_as_opponent.step_state().items()})
-        for i, policy in enumerate(self.bank):
-            out.update({f"bank.{i}.{k}": v for k, v in policy.step_state().items()})
-        return out
+        return {"assign": self.assign, "reset_next": self.reset_next,
+                **{f"players.{k}": v for k, v in self.plan.step_state().items()}}
 
     def load_step_state(self, state: dict[str, torch.Tensor]) -> None:
         self.assign, self.reset_next = state["assign"], state["reset_next"]
-        self.learner_as_opponent.load_step_state(section(state, "learner"))
-        for i, policy in enumerate(self.bank):
-            policy.load_step_state(section(state, f"bank.{i}"))
+        self.plan.load_step_state(section(state, "players"))
 
     # -- between updates (host) -------------------------------------------------------------------------
     def end_update(self, step: int, model: torch.nn.Module, obs_rms: Any) -> dict[str, float]:
