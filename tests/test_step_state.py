@@ -179,3 +179,31 @@ def test_env_step_state_is_the_whole_state_and_survives_a_reload(name, monkeypat
     a, b = env.step(actions), twin.step(actions)
     for k, v in a.tensors().items():
         assert torch.equal(v, b.tensors()[k]), k
+
+
+@pytest.mark.parametrize("case", ["mlp", "lstm", "league-strategy", "teammates"])
+def test_noting_the_draws_leaves_no_trace(tmp_path, case):
+    """The eager step that notes a captured step's plan of draws is undone: step state, normalisers, the league's
+    game counts, the generators and the env's checkpoint are as before it (so the first step after a start or a
+    resume runs captured, as every later one, and a resumed --compile run follows the uninterrupted one)."""
+    t = _trainer(tmp_path, "t", CASES[case])
+    try:
+        t.collect(), t.update()
+        r = t.rollout
+        stats = r._new_stats()
+        obs_n = r.obs_in(r.record.obs)
+        snapshot = lambda: ({k: v.clone() for k, v in r.step_state(stats).items()},  # noqa: E731
+                            {k: v.clone() for k, v in r.norms.state_dict().items()}, r.env.state_dict(),
+                            [d.generator.get_state() for d in r.all_draws],
+                            t.league.counts.clone() if t.league is not None else None)
+        before = snapshot()
+        with torch.no_grad():  # as in collect
+            r._note_draws(0, obs_n, stats)
+        after = snapshot()
+        assert r._planned and before[0].keys() == after[0].keys()
+        for b, a in zip(before, after):
+            for k, v in (b.items() if isinstance(b, dict) else enumerate(b) if isinstance(b, list) else [("counts", b)]):
+                if v is not None:
+                    assert torch.equal(v, a[k] if k != "counts" else a), (case, k)
+    finally:
+        t.close()

@@ -42,8 +42,8 @@ class Policy:
         return {} if self.memory is None else self.memory.tensors()
 
     def load_step_state(self, state: dict[str, torch.Tensor]) -> None:
-        if self.memory is not None:
-            self.memory = type(self.memory).of(state)
+        """Take `state` (the names of `step_state`) as the memory, as it is; empty: no memory yet."""
+        self.memory = type(self.memory).of(state) if state else None
 
     @property
     def device(self) -> torch.device:

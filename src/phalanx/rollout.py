@@ -121,6 +121,8 @@ class Rollout:
         # Who acts after a quiet step (StepRecord.quiet: every slot active): the learner's slots, every env.
         self._learner_rows = learner.expand(self.N, self.A)
         self._captured: Callable | None = None
+        # How `collect` runs a step, chosen once: eagerly, captured (`capture`) or as a CUDA graph (`use_cuda_graphs`).
+        self._drive: Callable[[int, torch.Tensor, dict[str, torch.Tensor]], torch.Tensor] = self._eager_step
         self._finals_after_step = False  # a captured CPU step leaves the memory critic's V(final_obs) to `_collect`
         self._planned = False
         self._graphed = False
@@ -161,6 +163,8 @@ class Rollout:
         self._t_index = [torch.tensor([t], device=self.device) for t in range(self.cfg.num_steps)]
         self._captured = torch.compile(self._step, fullgraph=True, dynamic=False, backend=backend)
         self._planned = False
+        if not self._graphed:
+            self._drive = self._compiled_step
 
     def use_cuda_graphs(self) -> None:
         """--cuda-graphs: after one eager step that notes the random draws and two warm-up steps, one step
@@ -175,6 +179,7 @@ class Rollout:
                               f"load_step_state, docs/ENVIRONMENTS.md); env '{self.env.name}' does not") from None
         self.static_step()
         self._graphed = True
+        self._drive = self._graph_step
 
     def static_step(self) -> None:
         """The step a graph takes: no host reads, no shape that depends on values. The critic runs over every
@@ -285,21 +290,7 @@ class Rollout:
         if self.league is not None and self._graph is not None and self._graph_layout != self.league.layout:
             self._graph, self._warm_steps = None, 0  # the league's bank grew: record the step again
         for t in range(self.cfg.num_steps):
-            if self._graphed:
-                obs_n = self._graph_step(t, obs_n, stats)
-            elif self._captured is not None:
-                if self._planned:
-                    with self._draw_contexts("ahead"):
-                        obs_n = self._captured(self._t_index[t], obs_n, stats)
-                else:  # the eager step before the first captured one notes what it draws (the plan replayed later)
-                    with self._draw_contexts("recording"):
-                        obs_n = self._step(t, obs_n, stats)
-                    self._planned = True
-                if self._finals_after_step:
-                    nv = self._rows["next_values"][t]
-                    nv.copy_(self.final_values(self.record, nv))
-            else:
-                obs_n = self._step(t, obs_n, stats)
+            obs_n = self._drive(t, obs_n, stats)
         # What follows step t (unless truncated there) is the observation step t+1 valued in its one
         # forward: the same input, so the same value as a critic call after the env step, one call fewer a
         # step. After the last step one more call values what follows it.
@@ -330,15 +321,48 @@ class Rollout:
             stack.enter_context(d.recording() if mode == "recording" else d.ahead() if mode == "ahead" else d.replaying(queues[i]))
         return stack
 
+    def _note_draws(self, t: int, obs_n: torch.Tensor, stats: dict[str, torch.Tensor]) -> None:
+        """The plan of draws a step makes (phalanx.draws), noted by one eager step whose every effect is then
+        undone: the step state, normalisers, the league's game counts and the generators are put back as they
+        were (the buffers' row `t` is written again by the step that follows). So every step after a start or a
+        resume runs captured, and a resumed --compile run follows the uninterrupted one bit for bit."""
+        record, state = self.record, {k: v.clone() for k, v in self.step_state(stats).items()}
+        norms = {k: v.clone() for k, v in self.norms.state_dict().items()}
+        counts = self.league.counts.clone() if self.league is not None else None
+        generators = [d.generator.get_state() for d in self.all_draws]
+        with self._draw_contexts("recording"):
+            self._step(t, obs_n, stats)
+        for key in stats.keys() - {k[6:] for k in state if k.startswith("stats.")}:
+            stats[key].zero_()  # an info key first seen in the noted step: counted from the step that follows
+        self.record = record
+        self.load_step_state(state, stats)
+        self.norms.load_state_dict(norms)
+        if counts is not None:
+            self.league.counts.copy_(counts)
+        for d, g in zip(self.all_draws, generators):
+            d.generator.set_state(g)
+        self._planned = True
+
+    def _eager_step(self, t: int, obs_n: torch.Tensor, stats: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self._step(t, obs_n, stats)
+
+    def _compiled_step(self, t: int, obs_n: torch.Tensor, stats: dict[str, torch.Tensor]) -> torch.Tensor:
+        """One step under --compile: the captured step, replaying the noted plan of draws."""
+        if not self._planned:
+            self._note_draws(t, obs_n, stats)
+        with self._draw_contexts("ahead"):
+            obs_n = self._captured(self._t_index[t], obs_n, stats)
+        if self._finals_after_step:
+            nv = self._rows["next_values"][t]
+            nv.copy_(self.final_values(self.record, nv))
+        return obs_n
+
     def _graph_step(self, t: int, obs_n: torch.Tensor, stats: dict[str, torch.Tensor]) -> torch.Tensor:
-        """One step under --cuda-graphs: eager until the graph is recorded, then a replay."""
+        """One step under --cuda-graphs: eager (or compiled) until the graph is recorded, then a replay."""
         step = self._captured or self._step
         if self._graph is None:
             if not self._planned:
-                with self._draw_contexts("recording"):
-                    out = self._step(t, obs_n, stats)
-                self._planned = True
-                return out
+                self._note_draws(t, obs_n, stats)
             if self._warm_steps < 2:
                 self._warm_steps += 1
                 side = warm_stream(self.device)
