@@ -101,12 +101,13 @@ ROLLOUT = {
     # Observation and reward normalisers on: their running statistics are written inside the graph.
     "mlp": dict(model="mlp", env="cartpole", norm_obs=True, norm_reward=True),
     "cnn": dict(model="cnn", env="pixel_goal", cnn_channels=[4, 8, 8], cnn_dense=16),
-    "role_attention": dict(model="role_attention", env="drone_swarm", tf_width=16, hidden_sizes=[16]),
+    # With a scripted teammate in the last slot (the planner draws through the rollout's Draws).
+    "role_attention": dict(model="role_attention", env="drone_swarm", tf_width=16, hidden_sizes=[16], teammates="planner"),
     # Memory models: the LSTM state and the KV cache are written in place inside the graph.
     "lstm": dict(model="lstm", env="pendulum", norm_obs=True, norm_reward=True, num_minibatches=2, **SMALL_MEMORY),
     "transformer": dict(model="transformer", env="trial_nav", **SMALL_MEMORY),
     "transformer-mappo": dict(model="transformer", env="bucket_brigade", critic="mappo", env_options={"max_nights": 5},
-                              **SMALL_MEMORY),
+                              teammates="hero", **SMALL_MEMORY),
     # strategy: in test_captured_league_step_is_one_graph_with_a_growing_pool (with truncated steps).
     "lstm-cnn": dict(model="lstm", env="pixel_goal", cnn_channels=[4, 8, 8], cnn_dense=16, **SMALL_MEMORY),
     # Scripted teammates draw through the rollout's Draws, so they replay inside the graph too.

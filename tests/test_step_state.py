@@ -35,6 +35,10 @@ CASES = {
                       env_options={"max_nights": 5}),
     "league-mlp": dict(model="mlp", env="duel", hidden_sizes=[16]),
     "league-strategy": dict(model="strategy", env="duel", strategy_history=4, **SMALL),
+    "league-lstm": dict(model="lstm", env="duel", **SMALL),
+    "league-transformer": dict(model="transformer", env="duel", **SMALL),
+    "teammates-transformer": dict(model="transformer", env="bucket_brigade", teammates="hero", env_options={"max_nights": 5},
+                                  **SMALL),
 }
 LEAGUE = dict(env_options={"time_limit": 6}, opponents="self_play:2,based:1,learner:1", pool_size=2, snapshot_every=32)
 
