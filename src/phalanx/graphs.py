@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from phalanx.algo.ppo import PPOBatch
 from phalanx.errors import ConfigError
 
 
@@ -83,7 +84,7 @@ class GraphedStep:
     tensors, `capturable`), the learning rate (a device tensor filled in place), gradients (`.grad`,
     allocated from the graph's memory when recorded and rewritten by each replay)."""
 
-    def __init__(self, step: Callable[[Any, torch.Tensor], dict[str, torch.Tensor]], device: torch.device, warmup: int = 2):
+    def __init__(self, step: Callable[[PPOBatch, torch.Tensor], dict[str, torch.Tensor]], device: torch.device, warmup: int = 2):
         self.step, self.device, self.warmup = step, device, warmup
         self._batch: Any = None
         self._source: Any = None
@@ -92,29 +93,26 @@ class GraphedStep:
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor]]] = {}
         self._calls: dict[int, int] = {}
 
-    def _take(self, batch: Any) -> None:
+    def _take(self, batch: PPOBatch) -> None:
+        tensors = batch.tensors()
         if self._batch is None:
             static: dict[int, torch.Tensor] = {}
             fields = {}
-            for f in dataclasses.fields(batch):
-                x = getattr(batch, f.name)
-                if isinstance(x, torch.Tensor):
-                    if id(x) not in static:  # fields that share a tensor (critic_obs is obs) share its copy
-                        static[id(x)] = torch.empty_like(x)
-                        self._copies.append((f.name, static[id(x)]))
-                    fields[f.name] = static[id(x)]
-                else:
-                    fields[f.name] = x
+            for name, x in tensors.items():
+                if id(x) not in static:  # fields that share a tensor (critic_obs is obs) share its copy
+                    static[id(x)] = torch.empty_like(x)
+                    self._copies.append((name, static[id(x)]))
+                fields[name] = static[id(x)]
             self._batch = dataclasses.replace(batch, **fields)
         for name, buf in self._copies:
-            src = getattr(batch, name)
+            src = tensors[name]
             if src.shape != buf.shape or src.dtype != buf.dtype:
                 raise ConfigError(f"config key 'cuda_graphs': the update's batch field '{name}' changed shape "
                                   f"from {list(buf.shape)} to {list(src.shape)}")
             buf.copy_(src)
         self._source = batch
 
-    def __call__(self, batch: Any, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+    def __call__(self, batch: PPOBatch, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         if batch is not self._source:
             self._take(batch)
         n = rows.numel()

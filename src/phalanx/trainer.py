@@ -358,8 +358,7 @@ class Trainer:
         out = self.run_dir / f"nonfinite_update_{self.update_idx:06d}"
         out.mkdir(exist_ok=True)
         b = self._last_batch
-        save_file({k: getattr(b, k).detach().cpu().clone() for k in b.__dataclass_fields__ if getattr(b, k) is not None},
-                  str(out / "batch.safetensors"))
+        save_file({k: v.detach().cpu().clone() for k, v in b.tensors().items()}, str(out / "batch.safetensors"))
         ckpt.write_json_atomic(out / "config.json", self.cfg.to_dict())
         ckpt.write_json_atomic(out / "metrics.json", metrics)
         return out

@@ -54,6 +54,13 @@ class PPOBatch:
     def __len__(self) -> int:
         return self.logprobs.shape[0]
 
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The batch's tensors by field name; fields that are None are left out."""
+        out = {"obs": self.obs, "critic_obs": self.critic_obs, "actions": self.actions, "logprobs": self.logprobs,
+               "advantages": self.advantages, "returns": self.returns, "values": self.values, "mask": self.mask,
+               "rows": self.rows, "resets": self.resets, "env_active": self.env_active}
+        return {k: v for k, v in out.items() if v is not None}
+
     def index(self, idx: torch.Tensor) -> PPOBatch:
         # index_select is several times faster than advanced indexing on CPU; a critic that reads
         # the observations themselves must not gather them twice.
