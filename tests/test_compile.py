@@ -101,8 +101,7 @@ ROLLOUT = {
     # Observation and reward normalisers on: their running statistics are written inside the graph.
     "mlp": dict(model="mlp", env="cartpole", norm_obs=True, norm_reward=True),
     "cnn": dict(model="cnn", env="pixel_goal", cnn_channels=[4, 8, 8], cnn_dense=16),
-    # With a scripted teammate in the last slot (the planner draws through the rollout's Draws).
-    "role_attention": dict(model="role_attention", env="drone_swarm", tf_width=16, hidden_sizes=[16], teammates="planner"),
+    "role_attention": dict(model="role_attention", env="drone_swarm", tf_width=16, hidden_sizes=[16]),
     # Memory models: the LSTM state and the KV cache are written in place inside the graph.
     "lstm": dict(model="lstm", env="pendulum", norm_obs=True, norm_reward=True, num_minibatches=2, **SMALL_MEMORY),
     "transformer": dict(model="transformer", env="trial_nav", **SMALL_MEMORY),
@@ -172,7 +171,9 @@ def test_captured_rollout_values_truncated_final_observations_as_eager_does(tmp_
 
 LEAGUE = {
     "mlp": dict(model="mlp", hidden_sizes=[16]),
+    # strategy's memory is a KV cache (the strategy encoder) and an LSTM core: both kinds, in one model.
     "strategy": dict(model="strategy", strategy_history=4, **SMALL_MEMORY),
+    "lstm": dict(model="lstm", **SMALL_MEMORY),
 }
 
 
