@@ -136,6 +136,6 @@ def test_entry_point_env(user_package, tmp_path, capsys):
 ])
 def test_bad_plugins_are_one_line_errors(user_package, capsys, name, message):
     (user_package / "reachpkg" / "broken.py").write_text("x = 1 / 0\n")
-    assert main(["train", "--env", name, "--total-steps", "64", "--progress", "false"]) == 2
+    assert main(["train", "--env", name, "--total-steps", "1024", "--progress", "false"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and message in err, err

@@ -134,7 +134,7 @@ def test_cli_train_with_random_values_runs_or_exits_2(tmp_path_factory, key, val
 
 @pytest.mark.slow
 def test_kill_9_storm_then_resume_matches_uninterrupted(tmp_path):
-    """A self-play `phalanx train` is SIGKILLed at 20 random moments (checkpoints and league snapshots
+    """A self-play `phalanx train` is SIGKILLed at 12 random moments (checkpoints and league snapshots
     are written every update, so many kills land inside writes); after each kill the run directory is
     consistent, and the run resumed to the end equals the uninterrupted one."""
     import contextlib
@@ -176,8 +176,8 @@ def test_kill_9_storm_then_resume_matches_uninterrupted(tmp_path):
             elif ckpt.list_checkpoints(run):
                 break
             time.sleep(0.02)
-        # At most 1 s of training per life: 20 lives must not finish the 200 updates (a clean CI run once
-        # finished them after 19 kills with up to 1.7 s each).
+        # At most 1 s of training per life: 12 lives must not finish the 200 updates (a clean CI run once
+        # finished them after 19 kills with up to 1.7 s each). 12, not 20: the fault suite stays near 2 minutes.
         time.sleep(rng.uniform(0.0, 1.0))
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
@@ -191,10 +191,10 @@ def test_kill_9_storm_then_resume_matches_uninterrupted(tmp_path):
             names = [o["name"] for o in meta["league"]["opponents"] if o["kind"] == "snapshot"]
             for name in names:  # every snapshot the checkpoint's pool names exists
                 assert (run / "league" / "snapshots" / f"{name}.safetensors").is_file(), name
-        if kills >= 20 or (proc.returncode == 0):
+        if kills >= 12 or (proc.returncode == 0):
             break
     print(f"kills: {kills}")
-    assert kills >= 20
+    assert kills >= 12
     done = subprocess.run(cmd + ["--resume", str(run)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     a = load_file(str(ckpt.latest_checkpoint(tmp_path / "full") / "model.safetensors"))

@@ -69,5 +69,5 @@ def test_cuda_graphs_are_refused_without_cuda(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     with pytest.raises(ConfigError, match="'cuda_graphs' needs a CUDA device"):
-        phalanx.train(env="cartpole", cuda_graphs=True, device="cpu", total_steps=64, run_dir=tmp_path / "r")
+        phalanx.train(env="cartpole", cuda_graphs=True, device="cpu", total_steps=2048, run_dir=tmp_path / "r")
     assert not (tmp_path / "r").exists()

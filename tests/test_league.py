@@ -222,7 +222,7 @@ def test_league_needs_two_sides_and_excludes_teammates(tmp_path):
         phalanx.train(env="cartpole", opponents="learner:1", total_steps=64, num_envs=2, num_steps=32,
                       run_dir=tmp_path / "a", progress=False, tensorboard=False)
     with pytest.raises(ConfigError, match="'teammates' and 'opponents'"):
-        phalanx.train(run_dir=tmp_path / "b", teammates="rock", opponents="paper:1", total_steps=64, **RPS)
+        phalanx.train(run_dir=tmp_path / "b", teammates="rock", opponents="paper:1", total_steps=128, **RPS)
 
 
 @pytest.mark.parametrize("kw", [dict(opponents="rock:1,paper:1"), dict(opponents="self_play:1,rock:1", norm_obs=True)])

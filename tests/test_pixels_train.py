@@ -42,7 +42,7 @@ def test_refuses_buffers_that_do_not_fit(tmp_path, monkeypatch):
 
 def test_cnn_needs_images_and_no_obs_norm(tmp_path):
     with pytest.raises(ConfigError, match="flat observations"):
-        phalanx.train(env="cartpole", model="cnn", total_steps=64, run_dir=tmp_path / "a", progress=False)
+        phalanx.train(env="cartpole", model="cnn", run_dir=tmp_path / "a", progress=False)
     with pytest.raises(ConfigError, match="'norm_obs' must be false"):
         phalanx.train(run_dir=tmp_path / "b", norm_obs=True, total_steps=32, **TINY)
 

@@ -380,3 +380,20 @@ def test_bf16_autocast_trains_with_float32_buffers_and_losses(tmp_path, model):
         finally:
             t.close()
     assert runs_["fp32"] != runs_["bf16"]  # autocast really ran the forwards in bfloat16
+
+
+def test_three_runs_launched_together_without_a_run_dir_all_train(tmp_path):
+    """Three seeds started in the same second with the default run directory each get their own (a time
+    stamp alone named all three alike, and two of three were refused)."""
+    import subprocess
+    import sys
+
+    args = ["--env", "cartpole", "--total-steps", "256", "--num-envs", "8", "--num-steps", "16", "--progress", "false",
+            "--tensorboard", "false", "--torch-threads", "1"]
+    procs = [subprocess.Popen([sys.executable, "-m", "phalanx", "train", *args, "--seed", str(s)], cwd=tmp_path,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for s in (1, 2, 3)]
+    errors = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], errors
+    made = sorted((tmp_path / "runs").iterdir())
+    assert len(made) == 3 and all(ckpt.list_checkpoints(r) for r in made)
+    assert sorted(json.loads((r / "config.json").read_text())["seed"] for r in made) == [1, 2, 3]

@@ -20,7 +20,7 @@ from phalanx.compare import compare
 from phalanx.config import FIELDS, describe_keys, effective_defaults, load_file, resolve, sources
 from phalanx.envs import make, registered, registry
 from phalanx.envs.check import check_env
-from phalanx.errors import CheckpointError, ConfigError, MissingExtraError, PhalanxError
+from phalanx.errors import CheckpointError, ConfigError, MissingExtraError, PhalanxError, Stopped
 from phalanx.evaluate import evaluate_policy
 from phalanx.league import LEAGUE_FILE, Ratings, load_snapshot
 from phalanx.plot import ClosingPlot, plot_run, plot_runs
@@ -130,10 +130,10 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     if args.print_config:
         return print_config(layers, overrides)
     if int(os.environ.get("RANK", "0")) != 0:  # torchrun: rank 0 reports
-        train(resume=args.resume, **overrides) if args.resume else train(layers or None, **overrides)
+        train(layers or None, resume=args.resume, **overrides)
         return 0
     with ClosingPlot() as closing_plot:
-        result = train(resume=args.resume, **overrides) if args.resume else train(layers or None, **overrides)
+        result = train(layers or None, resume=args.resume, **overrides)
         m = result.metrics
         print(f"run directory:  {result.run_dir}")
         print(f"tensorboard:    tensorboard --logdir {result.run_dir / 'tb'}")
@@ -313,7 +313,9 @@ def cmd_envs(args: argparse.Namespace) -> int:
             "name": name, "description": s.description, "agents": env.num_agents, "scripted": list(env.scripted_names),
             "roles": list(env.role_names), "state": env.state_space.describe() if env.state_space is not None else None,
             "observation": env.observation_space.describe(), "action": env.action_space.describe(),
-            "options": {k: {"default": o.default, "help": o.help, **({"choices": list(o.choices)} if o.choices else {})} for k, o in s.options.items()},
+            "options": {k: {"default": o.default, "help": o.help, **({"choices": list(o.choices)} if o.choices else {}),
+                            **({"min": o.min} if o.min is not None else {}), **({"max": o.max} if o.max is not None else {})}
+                        for k, o in s.options.items()},
         })
         env.close()
     if args.json:
@@ -331,6 +333,10 @@ def cmd_envs(args: argparse.Namespace) -> int:
             print(f"  scripted policies (--vs, --teammates): {', '.join(r['scripted'])}")
         for k, o in r["options"].items():
             ch = f" (one of {', '.join(map(str, o['choices']))})" if "choices" in o else ""
+            if "max" in o:
+                ch += f" (in [{o.get('min', '-inf')}, {o['max']}])"
+            elif "min" in o:
+                ch += f" (>= {o['min']})"
             print(f"  --{k.replace('_', '-')} [{o['default']}]: {o['help']}{ch}")
     print("gym:<id>: any installed gymnasium environment through its vector API (slow path)")
     print("pz:<module>:<factory>: any PettingZoo ParallelEnv (slow path)")
@@ -469,8 +475,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PhalanxError as e:
         print(f"phalanx: error: {e}", file=sys.stderr)
         return 2
+    except Stopped as e:
+        print(f"phalanx: {e}", file=sys.stderr)
+        return 128 + e.signum
     except KeyboardInterrupt:
-        print("phalanx: interrupted; resume with `phalanx train --resume RUN_DIR`", file=sys.stderr)
+        print("phalanx: interrupted", file=sys.stderr)
         return 130
     return 1
 

@@ -22,7 +22,7 @@ from phalanx.errors import PhalanxError
 from phalanx.sweep import SWEEP_FILE, run_result
 
 # Keys that differ between runs of one configuration and so never split a group.
-NOT_CONFIG = {"seed", "run_dir", "progress", "tensorboard", "device", "torch_threads", "checkpoint_every", "keep_checkpoints",
+NOT_CONFIG = {"seed", "run_dir", "progress", "tensorboard", "device", "torch_threads", "checkpoint_every", "checkpoint_minutes", "keep_checkpoints",
               "wandb", "wandb_project", "wandb_mode"}
 
 

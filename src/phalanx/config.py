@@ -26,11 +26,15 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
-def _f(default: Any, help: str, *, min: float | None = None, choices: tuple | None = None, positive: bool = False):
-    meta = {"help": help, "min": min, "choices": choices, "positive": positive}
+def _f(default: Any, help: str, *, min: float | None = None, max: float | None = None, choices: tuple | None = None,
+       positive: bool = False):
+    meta = {"help": help, "min": min, "max": max, "choices": choices, "positive": positive}
     if isinstance(default, (dict, list)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
+
+
+MAX_TOTAL_STEPS = 10**15  # beyond any run; a typo such as 1e99 is refused rather than trained on
 
 
 @dataclass
@@ -38,7 +42,8 @@ class Config:
     # What to train on, where.
     env: str = _f("cartpole", "environment name (see `phalanx envs`)")
     env_options: dict = _f({}, "options passed to the environment (see `phalanx envs`)")
-    total_steps: int = _f(200_000, "environment steps to train for (summed over envs)", positive=True)
+    total_steps: int = _f(200_000, "environment steps to train for (summed over envs; at least one batch, "
+                          "num_envs * num_steps)", positive=True, max=MAX_TOTAL_STEPS)
     num_envs: int = _f(8, "parallel environments", positive=True)
     num_steps: int = _f(128, "rollout length per environment per update", positive=True)
     seed: int = _f(1, "random seed of the run (envs, sampling, minibatches)", min=0)
@@ -48,8 +53,8 @@ class Config:
     lr: float = _f(2.5e-4, "Adam learning rate", positive=True)
     anneal_lr: bool = _f(True, "decay the learning rate linearly to 0 over the run")
     adam_eps: float = _f(1e-5, "Adam epsilon", positive=True)
-    gamma: float = _f(0.99, "discount factor", min=0.0)
-    gae_lambda: float = _f(0.95, "GAE lambda", min=0.0)
+    gamma: float = _f(0.99, "discount factor", min=0.0, max=1.0)
+    gae_lambda: float = _f(0.95, "GAE lambda", min=0.0, max=1.0)
     num_epochs: int = _f(4, "passes over each rollout", positive=True)
     num_minibatches: int = _f(4, "minibatches per epoch", positive=True)
     clip_coef: float = _f(0.2, "PPO ratio clip", positive=True)
@@ -71,8 +76,9 @@ class Config:
     activation: str = _f("tanh", "hidden activation", choices=("tanh", "relu", "gelu", "silu"))
     init_log_std: float = _f(0.0, "initial log-std of Gaussian action heads")
     relay_mass: float = _f(0.4, "model=role_attention: attention mass of the relay pool (the other roles share the rest; "
-                           "1.0 goes to a lone pool)", min=0.0)
-    relay_floor: float = _f(0.05, "model=role_attention: the least attention weight of every present relay", min=0.0)
+                           "1.0 goes to a lone pool)", min=0.0, max=1.0)
+    relay_floor: float = _f(0.05, "model=role_attention: the least attention weight of every present relay", min=0.0,
+                            max=1.0)
     attn_temperature: float = _f(1.0, "model=role_attention: softmax temperature of the neighbour attention", positive=True)
     cnn_channels: list = _f([32, 64, 64], "image policies: channels of the three conv layers (kernels 8, 4, 3; strides 4, 2, 1)")
     cnn_dense: int = _f(512, "image policies (model=cnn, or lstm / transformer on images): width of the dense layer "
@@ -94,7 +100,8 @@ class Config:
     critic: str = _f("ippo", "ippo: critic reads the agent's observation; mappo: the env's global state plus the agent id",
                      choices=("ippo", "mappo"))
     team_reward: float = _f(
-        0.0, "mix each agent's learning reward with the team's mean reward: (1-w)*own + w*team (1: fully cooperative)", min=0.0
+        0.0, "mix each agent's learning reward with the team's mean reward: (1-w)*own + w*team (1: fully cooperative)",
+        min=0.0, max=1.0,
     )
     teammates: str = _f(
         "", "comma list of policies for the last agent slots (scripted names from `phalanx envs`, or run:RUN_DIR for a "
@@ -118,8 +125,10 @@ class Config:
     cuda_graphs: bool = _f(False, "record the rollout step and the minibatch update step as CUDA graphs and replay them "
                                   "(CUDA only; an env that declares capturable; no torchrun)")
     # Run.
-    run_dir: str = _f("", "run directory (default: runs/<env>-<time>)")
+    run_dir: str = _f("", "run directory (default: runs/<env>-<time>-<6 random hex digits>)")
     checkpoint_every: int = _f(0, "write a checkpoint every this many steps (0: every 10% of the run)", min=0)
+    checkpoint_minutes: float = _f(5.0, "also write a checkpoint when this many minutes passed since the last one, so a "
+                                        "long run stopped early has one to resume (0: off)", min=0.0)
     keep_checkpoints: int = _f(3, "how many recent checkpoints to keep", positive=True)
     eval_episodes: int = _f(0, "greedy evaluation episodes at the end of training (0: none)", min=0)
     progress: bool = _f(True, "show a live progress bar")
@@ -150,6 +159,8 @@ def describe_keys() -> list[tuple[str, str, Any, str]]:
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         choices = f.metadata["choices"]
         help_ = f.metadata["help"] + (f" (one of {', '.join(map(str, choices))})" if choices else "")
+        if f.metadata["max"] is not None and f.metadata["min"] is not None:
+            help_ += f" (in [{f.metadata['min']:g}, {f.metadata['max']:g}])"
         out.append((f.name, _HINTS[f.name].__name__, default, help_))
     return out
 
@@ -163,7 +174,11 @@ def _check_range(key: str, value: Any) -> None:
     if meta["positive"] and value <= 0:
         raise ConfigError(f"config key '{key}' must be > 0, got {value!r}")
     if meta["min"] is not None and value < meta["min"]:
-        raise ConfigError(f"config key '{key}' must be >= {meta['min']}, got {value!r}")
+        bounds = f"in [{meta['min']}, {meta['max']}]" if meta["max"] is not None else f">= {meta['min']}"
+        raise ConfigError(f"config key '{key}' must be {bounds}, got {value!r}")
+    if meta["max"] is not None and value > meta["max"]:
+        bounds = f"in [{meta['min']}, {meta['max']}]" if meta["min"] is not None else f"<= {meta['max']:g}"
+        raise ConfigError(f"config key '{key}' must be {bounds}, got {value!r}")
     if meta["choices"] is not None and value not in meta["choices"]:
         raise ConfigError(f"config key '{key}' must be one of {', '.join(meta['choices'])}; got {value!r}")
 
@@ -230,6 +245,9 @@ def resolve(*layers: dict[str, Any] | None) -> Config:
         )
     if cfg.model == "transformer" and cfg.tf_width % cfg.tf_heads:
         raise ConfigError(f"config key 'tf_heads' must divide tf_width ({cfg.tf_width}); got {cfg.tf_heads}")
+    if cfg.total_steps < cfg.batch_size:
+        raise ConfigError(f"config key 'total_steps' must be at least one batch, num_envs * num_steps = {cfg.batch_size:,}; "
+                          f"got {cfg.total_steps:,}")
     if cfg.num_minibatches > cfg.batch_size:
         raise ConfigError(
             f"config key 'num_minibatches' must be <= num_envs * num_steps ({cfg.batch_size}), got {cfg.num_minibatches}"

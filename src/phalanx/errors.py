@@ -29,6 +29,15 @@ class NonFiniteEnvError(PhalanxError):
     """An environment returned NaN or infinite observations, states or rewards."""
 
 
+class Stopped(Exception):
+    """A run stopped by a signal (SIGTERM from a scheduler, Ctrl-C) after its current update, with a
+    checkpoint written: the message says where and how to resume; the exit status is 128 + `signum`."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
+
+
 def one_line(e: BaseException) -> str:
     """`Type: first line of the message` — how a foreign exception (a user's env, a plugin, a library)
     enters a one-line error."""

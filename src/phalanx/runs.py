@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import fcntl
 import json
 import os
 import platform
+import secrets
+import signal
 import subprocess
+import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,9 +70,43 @@ def choose_threads(requested: int, device: torch.device, agents_per_step: int, l
     return share, f"auto: {cpus} CPUs" + (f" shared by {local_ranks} ranks" if local_ranks > 1 else "")
 
 
-def default_run_dir(env: str, stamp: float | None = None) -> Path:
+@dataclass
+class StopRequest:
+    """The signal that asked a run to stop (None: none yet); see `stop_signals`."""
+
+    signum: int | None = None
+
+
+@contextlib.contextmanager
+def stop_signals() -> Iterator[StopRequest]:
+    """SIGTERM (how schedulers preempt) and a first SIGINT (Ctrl-C) are noted, not acted on at once, so the
+    training loop can finish its update and write a checkpoint; a second SIGINT interrupts at once. The
+    previous handlers come back on exit. Outside the main thread (where Python delivers signals) nothing
+    is installed."""
+    stop = StopRequest()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def note(signum: int, frame: object) -> None:
+        if signum == signal.SIGINT and stop.signum is not None:
+            raise KeyboardInterrupt
+        stop.signum = signum
+
+    previous = {s: signal.signal(s, note) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield stop
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def default_run_dir(env: str, stamp: float | None = None, tag: int | None = None) -> Path:
+    """runs/<env>-<local time>-<6 hex digits>: the digits (`tag`, random unless given) keep runs launched in
+    the same second apart (three seeds started together once found one name)."""
     safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in env)
-    return Path("runs") / f"{safe}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(stamp))}"
+    tag = secrets.randbelow(1 << 24) if tag is None else tag
+    return Path("runs") / f"{safe}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(stamp))}-{tag:06x}"
 
 
 def git_revision() -> str | None:

@@ -11,6 +11,8 @@ import contextlib
 import json
 import math
 import random
+import secrets
+import signal
 import sys
 import time
 from collections import deque
@@ -31,7 +33,7 @@ from phalanx.distributed import Dist
 from phalanx.envs import make, registry
 from phalanx.envs.base import VecEnv, generator_state, set_generator_state
 from phalanx.envs.check import check_env
-from phalanx.errors import CheckpointError, ConfigError, NonFiniteEnvError, NonFiniteLossError
+from phalanx.errors import CheckpointError, ConfigError, NonFiniteEnvError, NonFiniteLossError, Stopped
 from phalanx.evaluate import evaluate_policy
 from phalanx.graphs import GraphedStep, check_graphs
 from phalanx.league import LEAGUE_FILE, League, parse_mix
@@ -44,7 +46,7 @@ from phalanx.slots import Teammates, opponent_slots, parse_teammates
 
 HISTORY_ROWS = 1_000  # updates kept in memory for RunResult.history
 # Keys that may differ when resuming; everything else must match the saved run.
-RESUME_MUTABLE = {"total_steps", "progress", "tensorboard", "checkpoint_every", "keep_checkpoints", "eval_episodes", "device", "torch_threads", "run_dir",
+RESUME_MUTABLE = {"total_steps", "progress", "tensorboard", "checkpoint_every", "checkpoint_minutes", "keep_checkpoints", "eval_episodes", "device", "torch_threads", "run_dir",
                   "wandb", "wandb_project", "wandb_mode"}
 
 
@@ -113,9 +115,9 @@ class Trainer:
         if cfg.progress and self.main:
             why = " (auto: CUDA, then MPS, then CPU)" if cfg.device == "auto" else ""
             print(f"device: {self.device}{why}", file=sys.stderr, flush=True)
-        # Every rank must agree on the run directory: rank 0's clock names it.
-        stamp = self.dist.broadcast_int(int(time.time()))
-        self.run_dir = Path(run_dir or cfg.run_dir or runs.default_run_dir(cfg.env, stamp))
+        # Every rank must agree on the run directory: rank 0's clock and tag name it.
+        stamp, tag = self.dist.broadcast_int(int(time.time())), self.dist.broadcast_int(secrets.randbelow(1 << 24))
+        self.run_dir = Path(run_dir or cfg.run_dir or runs.default_run_dir(cfg.env, stamp, tag))
         self.resume = resume
         if not resume and ckpt.list_checkpoints(self.run_dir):
             raise ConfigError(f"run directory '{self.run_dir}' already holds a run; use --resume {self.run_dir} or another --run-dir")
@@ -279,32 +281,14 @@ class Trainer:
             self.log = RunLog(self.run_dir, cfg.tensorboard, self.global_step if self.resume else None,
                               dict(project=cfg.wandb_project, mode=cfg.wandb_mode, config=cfg.to_dict()) if cfg.wandb else None)
         progress = Progress(cfg.total_steps, enabled=cfg.progress and self.main, start=self.global_step)
-        done_updates = 0
-        last_row: dict[str, Any] = {}
+        self._last_ckpt_time = time.monotonic()
         try:
-            while self.global_step < cfg.total_steps and (max_updates is None or done_updates < max_updates):
-                t0 = time.perf_counter()
-                stats = self.collect()
-                self.global_step += self.steps_per_update
-                if self.dist.enabled:  # pooled statistics keep the ranks' normalisers identical
-                    self.dist.pool_stats(self.norms.obs)
-                    self.dist.pool_stats(self.norms.reward.stats if self.norms.reward is not None else None)
-                metrics = self.update()
-                if self.dist.enabled:
-                    self.dist.pool_stats(self.norms.value)
-                self.update_idx += 1
-                done_updates += 1
-                row = self._summarise(metrics, stats, time.perf_counter() - t0)
-                if self.main:
-                    self.log.write(row)
-                self.history.append(row)
-                last_row = row
-                recent = sum(self.recent_returns) / len(self.recent_returns) if self.recent_returns else float("nan")
-                progress.update(self.global_step, row["sps"], recent)
-                if self.global_step - self._last_ckpt_step >= self.checkpoint_every:
-                    self.save()
-            if self._last_ckpt_step != self.global_step:
-                self.save()
+            with runs.stop_signals() as stop:
+                last_row = self._train_loop(progress, stop, max_updates)
+        except KeyboardInterrupt:  # a second Ctrl-C: the update in flight is abandoned
+            raise Stopped(f"interrupted during update {self.update_idx + 1}; the last checkpoint (step "
+                          f"{self._last_ckpt_step:,}) is in '{self.run_dir}'; resume with "
+                          f"`phalanx train --resume {self.run_dir}`", signal.SIGINT) from None
         finally:
             progress.close()
             if self.log is not None:
@@ -318,6 +302,48 @@ class Trainer:
         # once aborted by gloo ("terminate called without an active exception") on a loaded machine.
         self.dist.barrier()
         return RunResult(self.run_dir, final, self.policy(), cfg, list(self.history))
+
+    def _train_loop(self, progress: Progress, stop: runs.StopRequest, max_updates: int | None) -> dict[str, Any]:
+        """Updates until `total_steps` (or `max_updates` more), checkpointing every `checkpoint_every` steps and
+        `checkpoint_minutes` minutes; a stop signal ends the loop after the current update with a checkpoint
+        (Stopped). -> the last update's row."""
+        cfg = self.cfg
+        done_updates, last_row = 0, {}
+        while self.global_step < cfg.total_steps and (max_updates is None or done_updates < max_updates):
+            t0 = time.perf_counter()
+            stats = self.collect()
+            self.global_step += self.steps_per_update
+            if self.dist.enabled:  # pooled statistics keep the ranks' normalisers identical
+                self.dist.pool_stats(self.norms.obs)
+                self.dist.pool_stats(self.norms.reward.stats if self.norms.reward is not None else None)
+            metrics = self.update()
+            if self.dist.enabled:
+                self.dist.pool_stats(self.norms.value)
+            self.update_idx += 1
+            done_updates += 1
+            row = self._summarise(metrics, stats, time.perf_counter() - t0)
+            if self.main:
+                self.log.write(row)
+            self.history.append(row)
+            last_row = row
+            recent = sum(self.recent_returns) / len(self.recent_returns) if self.recent_returns else float("nan")
+            progress.update(self.global_step, row["sps"], recent)
+            # Rank 0 decides for every rank (their clocks and signals may differ; a save is collective).
+            due = cfg.checkpoint_minutes > 0 and time.monotonic() - self._last_ckpt_time >= 60 * cfg.checkpoint_minutes
+            decision = self.dist.broadcast_int(2 * (stop.signum or 0) + int(due))
+            stop.signum = decision // 2 or None
+            if stop.signum is not None:
+                break
+            if decision % 2 or self.global_step - self._last_ckpt_step >= self.checkpoint_every:
+                self.save()
+        if self._last_ckpt_step != self.global_step:
+            self.save()
+        if stop.signum is not None:
+            progress.close()
+            raise Stopped(f"stopped by {signal.Signals(stop.signum).name} at step {self.global_step:,} of "
+                          f"{cfg.total_steps:,}; checkpoint saved in '{self.run_dir}'; resume with "
+                          f"`phalanx train --resume {self.run_dir}`", stop.signum)
+        return last_row
 
     def _summarise(self, metrics: dict[str, torch.Tensor], stats: dict[str, torch.Tensor], seconds: float) -> dict[str, Any]:
         """The update's metrics row, from one host read of every metric; stops the run on non-finite
@@ -399,7 +425,7 @@ class Trainer:
             meta["league"] = self.league.state_json(self.global_step)
         meta["world_size"] = self.dist.world
         state = self.dist.gather_state(self.state_tensors())  # every rank takes part
-        self._last_ckpt_step = self.global_step
+        self._last_ckpt_step, self._last_ckpt_time = self.global_step, time.monotonic()
         if not self.main:
             self.dist.barrier()
             return ckpt.checkpoint_path(self.run_dir, self.global_step)
@@ -438,7 +464,7 @@ class Trainer:
         torch.set_rng_state(state_t["torch.rng"])
         self.global_step = int(meta["global_step"])
         self.update_idx = int(meta["update"])
-        self._last_ckpt_step = self.global_step
+        self._last_ckpt_step, self._last_ckpt_time = self.global_step, time.monotonic()
         self.recent_returns = list(meta.get("recent_returns", []))
         pr = meta["python_rng"]
         random.setstate((pr[0], tuple(pr[1]), pr[2]))
@@ -471,15 +497,27 @@ class Trainer:
 def train(config: Config | str | Path | dict | None = None, *, resume: str | Path | None = None, max_updates: int | None = None, **overrides: Any) -> RunResult:
     """Train a policy. `config` is a Config, a YAML/TOML file or a mapping; keywords override keys.
 
-    `resume=RUN_DIR` continues a stopped run from its last checkpoint.
+    `resume=RUN_DIR` continues a stopped run from its last checkpoint; `config` and keywords may change only
+    the keys of RESUME_MUTABLE, and total_steps only upwards.
     """
+    layers: list[dict[str, Any]] = []
+    if isinstance(config, Config):
+        layers.append(config.to_dict())
+    elif isinstance(config, (str, Path)):
+        layers.append(load_file(config))
+    elif isinstance(config, dict):
+        layers.append(config)
+    layers.append(overrides)
     if resume is not None:
         run_dir = Path(resume)
         saved = ckpt.load_run_config(run_dir).to_dict()
-        for k, v in overrides.items():
-            if k not in RESUME_MUTABLE and k in saved and v != saved[k]:
+        cfg = resolve(saved, *layers)
+        for k, v in cfg.to_dict().items():
+            if k not in RESUME_MUTABLE and v != saved.get(k, v):
                 raise ConfigError(f"config key '{k}' cannot change on resume (run has {saved[k]!r}, got {v!r})")
-        cfg = resolve(saved, overrides)
+        if cfg.total_steps < saved["total_steps"]:
+            raise ConfigError(f"config key 'total_steps' cannot shrink on resume (run has {saved['total_steps']:,}, got "
+                              f"{cfg.total_steps:,}); give a larger one to train longer")
         trainer = Trainer(cfg, run_dir=run_dir, resume=True)
         try:
             trainer.restore(ckpt.latest_checkpoint(run_dir))
@@ -489,14 +527,6 @@ def train(config: Config | str | Path | dict | None = None, *, resume: str | Pat
             return trainer.train(max_updates=max_updates)
         finally:
             trainer.close()
-    layers: list[dict[str, Any]] = []
-    if isinstance(config, Config):
-        layers.append(config.to_dict())
-    elif isinstance(config, (str, Path)):
-        layers.append(load_file(config))
-    elif isinstance(config, dict):
-        layers.append(config)
-    layers.append(overrides)
     cfg = resolve(*layers)
     trainer = Trainer(cfg)
     try:

@@ -494,7 +494,7 @@ register(
             "num_agents": EnvOption(4, "agents (agent i owns house i % 10)", tuple(range(MIN_AGENTS, MAX_AGENTS + 1))),
             "outcome_reward": EnvOption("shaped", "house-outcome terms: per-night potential differences or paid at the end", ("shaped", "terminal")),
             "legacy_phase_order": EnvOption(False, "burn-out before spread (the original project's bug: spread is inert)", (False, True)),
-            "max_nights": EnvOption(50, "time limit in nights (episode is truncated)"),
+            "max_nights": EnvOption(50, "time limit in nights (episode is truncated)", min=1),
         },
         train_defaults={
             # Cooperative MAPPO: a centralised critic on the global state, one shared policy that knows its

@@ -198,7 +198,7 @@ register(
         name="cartpole",
         factory=CartPoleEnv,
         description="CartPole-v1 (gymnasium dynamics) in torch: Discrete(2), obs 4, 500-step limit",
-        options={"max_steps": EnvOption(500, "time limit in steps (episode is truncated)")},
+        options={"max_steps": EnvOption(500, "time limit in steps (episode is truncated)", min=1)},
         # Tuned to reach greedy return 475+ within 200k steps on 2 CPU cores in well under 20 s.
         train_defaults={"total_steps": 200_000, "num_envs": 32, "num_steps": 64, "lr": 2e-3, "num_epochs": 8, "num_minibatches": 4, "gae_lambda": 0.98},
     )

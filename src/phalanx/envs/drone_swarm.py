@@ -954,11 +954,11 @@ register(
         options={
             "profile": EnvOption("sar", "area / speeds / victims preset", tuple(PROFILES)),
             "num_agents": EnvOption(4, "drones (A // 4 relays, one cluster head, the rest sensors)", tuple(range(MIN_AGENTS, MAX_AGENTS + 1))),
-            "max_steps": EnvOption(200, "time limit in 1-s steps (episode is truncated)"),
-            "num_victims": EnvOption(0, "victims per episode (0: the profile's count)"),
-            "reward_scale": EnvOption(0.01, "factor on every reward term (the terms keep the WORKLOADS weights)"),
-            "coverage_weight": EnvOption(10.0, "reward per newly covered cell (WORKLOADS: 10; training defaults to 0.1 so victims matter)"),
-            "approach_weight": EnvOption(0.0, "reward per metre of progress towards an assigned triangulation viewpoint (not in WORKLOADS: 0)"),
+            "max_steps": EnvOption(200, "time limit in 1-s steps (episode is truncated)", min=1),
+            "num_victims": EnvOption(0, "victims per episode (0: the profile's count)", min=0),
+            "reward_scale": EnvOption(0.01, "factor on every reward term (the terms keep the WORKLOADS weights)", min=0.0),
+            "coverage_weight": EnvOption(10.0, "reward per newly covered cell (WORKLOADS: 10; training defaults to 0.1 so victims matter)", min=0.0),
+            "approach_weight": EnvOption(0.0, "reward per metre of progress towards an assigned triangulation viewpoint (not in WORKLOADS: 0)", min=0.0),
         },
         train_defaults={
             "model": "role_attention", "num_envs": 64, "num_steps": 64, "total_steps": 3_000_000, "lr": 3e-4, "gamma": 0.99, "gae_lambda": 0.95,

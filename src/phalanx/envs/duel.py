@@ -752,8 +752,8 @@ register(
         factory=DuelEnv,
         description="1v1 platform fighting: 2 fighters, 10 binary keys, obs 64 (own + opponent), stocks, damage, weapons",
         options={
-            "time_limit": EnvOption(2700, "match length limit in steps (30 per second); truncates"),
-            "stocks": EnvOption(3, "lives per fighter; the match ends when one has none"),
+            "time_limit": EnvOption(2700, "match length limit in steps (30 per second); truncates", min=1),
+            "stocks": EnvOption(3, "lives per fighter; the match ends when one has none", min=1),
         },
         train_defaults={
             # Many short rollouts beat few long ones here (more matches per update); self-play is a sixth of

@@ -91,7 +91,7 @@ register(
         name="pendulum",
         factory=PendulumEnv,
         description="Pendulum-v1 (gymnasium dynamics) in torch: Box(1) torque in [-2, 2], obs 3, 200-step limit",
-        options={"max_steps": EnvOption(200, "time limit in steps (episode is truncated)")},
+        options={"max_steps": EnvOption(200, "time limit in steps (episode is truncated)", min=1)},
         # Reaches greedy return about -150 (random: about -1200) within 500k steps.
         train_defaults={"total_steps": 500_000, "num_envs": 16, "num_steps": 256, "gamma": 0.9, "lr": 1e-3, "num_epochs": 10, "num_minibatches": 16},
     )

@@ -586,9 +586,9 @@ register(
         options={
             "map": EnvOption("default", "tile layout", tuple(MAPS)),
             "goal": EnvOption("default", "goal template: the player on the map's G tile, its a tile, or the free tile farthest from the start", GOALS),
-            "tau": EnvOption(TAU, "dist threshold (mean |frame - goal| / 3); 0.005 separates the goal tile from every other tile"),
-            "k": EnvOption(K, "consecutive steps under tau that end the episode (terminated)"),
-            "max_steps": EnvOption(MAX_STEPS, "time limit in steps (episode is truncated)"),
+            "tau": EnvOption(TAU, "dist threshold (mean |frame - goal| / 3); 0.005 separates the goal tile from every other tile", min=0.0),
+            "k": EnvOption(K, "consecutive steps under tau that end the episode (terminated)", min=1),
+            "max_steps": EnvOption(MAX_STEPS, "time limit in steps (episode is truncated)", min=1),
             "start": EnvOption("region", "start tile per episode: drawn from the map's 2x2 start block, or any free tile but the goal", STARTS),
         },
         # Set model to a CNN policy where the trainer offers one; a few minutes of CPU training.

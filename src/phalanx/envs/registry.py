@@ -32,6 +32,8 @@ class EnvOption:
     default: Any
     help: str
     choices: tuple[Any, ...] | None = None
+    min: float | None = None  # the least allowed value (numbers)
+    max: float | None = None  # the largest allowed value (numbers)
 
 
 @dataclass(frozen=True)
@@ -167,6 +169,10 @@ def _coerce_option(env: str, key: str, opt: EnvOption, value: Any) -> Any:
         raise ConfigError(
             f"env option '{key}' of '{env}' must be one of {', '.join(map(str, opt.choices))}; got {value!r}"
         )
+    if (opt.min is not None and value < opt.min) or (opt.max is not None and value > opt.max):
+        bounds = f"in [{opt.min}, {opt.max}]" if opt.min is not None and opt.max is not None else (
+            f">= {opt.min}" if opt.min is not None else f"<= {opt.max}")
+        raise ConfigError(f"env option '{key}' of '{env}' must be {bounds}; got {value!r}")
     return value
 
 

@@ -373,7 +373,8 @@ register(
             "trials": EnvOption(4, "trials per episode (the world replays identically in each)", tuple(range(1, MAX_TRIALS + 1))),
             "num_agents": EnvOption(2, "ego agents (learner slots)", tuple(range(1, MAX_AGENTS + 1))),
             "coplayers": EnvOption(1, "scripted co-players patrolling the room (moving obstacles, replayed every trial)", tuple(range(MAX_COPLAYERS + 1))),
-            "max_trial_steps": EnvOption(DEFAULT_TRIAL_STEPS, f"steps per trial (timeout L, 1..{MAX_TRIAL_STEPS}; 7 lets an ego check one exit per trial)"),
+            "max_trial_steps": EnvOption(DEFAULT_TRIAL_STEPS, f"steps per trial (timeout L, 1..{MAX_TRIAL_STEPS}; 7 lets an ego check one exit per trial)",
+                                             min=1, max=MAX_TRIAL_STEPS),
         },
         # A transformer over the episode (4 trials x 7 steps fits its 32-step horizon), one shared policy
         # that knows which ego it is (so the egos can split the exits in trial 0); each rollout covers two
