@@ -158,6 +158,33 @@ class FinalObsWithoutBoundary(GoodEnv):
         return rec
 
 
+class FinalObsAfterReset(GoodEnv):
+    """The classic auto-reset bug: the final observation is read after the reset."""
+
+    def step(self, actions):
+        rec = super().step(actions)
+        rec.final_obs = rec.obs
+        return rec
+
+
+class ObsOutOfBox(GoodEnv):
+    def obs(self):
+        return super().obs() * 3  # declared Box(-1, 1)
+
+
+class LateNaN(GoodEnv):
+    """Turns NaN after 30 steps: a quick check of one step cannot see it."""
+
+    calls = 0
+
+    def step(self, actions):
+        rec = super().step(actions)
+        self.calls += 1
+        if self.calls > 30:
+            rec.reward = torch.full_like(rec.reward, float("nan"))
+        return rec
+
+
 class RewardWhileInactive(GoodEnv):
     def record(self, reward, terminated, truncated, final_obs, final_state, active=None):
         active = torch.ones(self.num_envs, 2, dtype=torch.bool, device=self.device)
@@ -225,6 +252,10 @@ BROKEN = {
     "step_state_grows": (StepStateGrows, "step_state() must keep its names, shapes and dtypes from step to step; "
                                          "'trail' was int64 [4, 2] and is int64 [4, 4] after step 0"),
     "final_obs_without_boundary": (FinalObsWithoutBoundary, "record.final_obs must equal obs where no episode or trial ended"),
+    "final_obs_after_reset": (FinalObsAfterReset, "step() record.final_obs equals obs (the next episode's first observation) "
+                                                  "at every one of"),
+    "obs_out_of_box": (ObsOutOfBox, "step() record.obs leaves observation_space Box"),
+    "late_nan": (LateNaN, "step() record.reward holds NaN or infinite values at step"),
     "reward_while_inactive": (RewardWhileInactive, "record.reward must be 0 for slots that were inactive before the step"),
     "accepts_any_action": (AcceptsAnyAction, "step() accepted action 3 (out of range) for Discrete(3)"),
     "global_random": (GlobalRandom, "reset(seed=7) must be deterministic"),

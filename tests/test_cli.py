@@ -38,6 +38,9 @@ from phalanx.cli import main
         (["train", "--total-steps", "10"], "config key 'total_steps' must be at least one batch, num_envs * num_steps = "
                                            "2,048; got 10"),
         (["train", "--print-config", "--gamma", "2"], "config key 'gamma' must be in [0.0, 1.0], got 2.0"),
+        (["check-env", "cartpole", "--steps", "-5"], "check-env --steps must be >= 1, got -5"),
+        (["check-env", "cartpole", "--num-envs", "0"], "check-env --num-envs must be >= 1, got 0"),
+        (["eval", "/nonexistent-run", "--episodes", "0"], "eval --episodes must be >= 1, got 0"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(argv, needle, capsys, tmp_path):

@@ -99,6 +99,7 @@ def typed_env_options(env_name: str, env_opts: dict[str, str]) -> dict[str, Any]
 
 
 def cmd_check_env(args: argparse.Namespace, extra: list[str]) -> int:
+    _at_least_one("check-env", num_envs=args.num_envs, steps=args.steps)
     options = registry.resolve_options(args.env, typed_env_options(args.env, _parse_env_options(extra))) if extra else {}
     env = make(args.env, num_envs=args.num_envs, device=runs.resolve_device(args.device), seed=args.seed, **options)
     try:
@@ -150,7 +151,14 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
+def _at_least_one(command: str, **counts: int) -> None:
+    for name, value in counts.items():
+        if value < 1:
+            raise ConfigError(f"{command} --{name.replace('_', '-')} must be >= 1, got {value}")
+
+
 def cmd_eval(args: argparse.Namespace, extra: list[str] | None = None) -> int:
+    _at_least_one("eval", episodes=args.episodes)
     policy = load(args.run_dir, device=args.device)
     cfg = policy.config
     # Env options given here (e.g. --approach-weight 0: the reward without a training-only term) override the run's.

@@ -150,6 +150,9 @@ def check_env(env: VecEnv, steps: int = 64, seed: int = 7, quick: bool = False) 
     first = check_record(env, env.reset(seed=seed), "reset")
     prev, trace, records = first, [], []
     layout = _step_state_layout(env, None, -1)
+    ended_slots = ended_as_reset = 0
+    space = env.observation_space
+    low, high = space.low_tensor(env.device).float(), space.high_tensor(env.device).float()
     for t in range(steps):
         actions = sample_actions(env, gen)
         rec = check_record(env, _guarded(env, "step(actions)", lambda a=actions: env.step(a)), "step")
@@ -165,6 +168,23 @@ def check_env(env: VecEnv, steps: int = 64, seed: int = 7, quick: bool = False) 
             i, j = (goes_on & ~same).nonzero()[0].tolist()
             raise _fail(env, f"step() record.final_obs must equal obs where no episode or trial ended (env {i}, slot {j}, "
                              f"step {t}); final_obs is the last observation of an episode that ended, obs the next one's first")
+        for field in ("obs", "final_obs", "reward", "state", "final_state"):
+            x = getattr(rec, field)
+            if x is not None and not bool(torch.isfinite(x.float()).all()):
+                raise _fail(env, f"step() record.{field} holds NaN or infinite values at step {t} (seed {seed}); "
+                                 "every number an env returns must be finite")
+        for field in ("obs", "final_obs"):
+            x = getattr(rec, field).float()
+            if bool(((x < low) | (x > high)).any()):
+                i = ((x < low) | (x > high)).nonzero()[0].tolist()
+                raise _fail(env, f"step() record.{field} leaves observation_space {space.describe()} at step {t} "
+                                 f"(index {i}: {x[tuple(i)].item():g}); declare the bounds the observations keep")
+        # The classic auto-reset bug: final_obs taken after the reset, so it is the next episode's first obs.
+        ended_here = (ended | (env_ended & prev.active)) & prev.active
+        if bool(ended_here.any()):
+            same_as_next = (rec.final_obs == rec.obs).reshape(env.num_envs, env.num_agents, -1).all(-1)
+            ended_slots += int(ended_here.sum())
+            ended_as_reset += int((ended_here & same_as_next).sum())
         idle = ~prev.active
         if bool((idle & (rec.reward != 0)).any()):
             raise _fail(env, f"step() record.reward must be 0 for slots that were inactive before the step (step {t})")
@@ -172,6 +192,10 @@ def check_env(env: VecEnv, steps: int = 64, seed: int = 7, quick: bool = False) 
             raise _fail(env, f"step() record.terminated / truncated must be False for slots that were inactive before the step (step {t})")
         prev = rec
         _step_state_layout(env, layout, t)
+    if ended_slots >= 8 and ended_as_reset == ended_slots:
+        raise _fail(env, f"step() record.final_obs equals obs (the next episode's first observation) at every one of "
+                         f"{ended_slots} episode ends; final_obs must be the last observation of the episode that ended, "
+                         "taken before the auto-reset")
     # Seeded determinism: the same seed and actions give the same records.
     again = env.reset(seed=seed)
     if (field := _records_equal(first, again)) is not None:
