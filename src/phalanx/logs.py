@@ -126,5 +126,7 @@ class Progress:
                 self._next_line += 0.1
 
     def close(self) -> None:
+        """Stop the bar (again: a no-op; a stopped run closes it before its last line)."""
         if self._bar is not None:
             self._bar.stop()
+            self._bar = None
