@@ -332,7 +332,7 @@ class Rollout:
         generators = [d.generator.get_state() for d in self.all_draws]
         with self._draw_contexts("recording"):
             self._step(t, obs_n, stats)
-        for key in stats.keys() - {k[6:] for k in state if k.startswith("stats.")}:
+        for key in stats.keys() - section(state, "stats").keys():
             stats[key].zero_()  # an info key first seen in the noted step: counted from the step that follows
         self.record = record
         self.load_step_state(state, stats)

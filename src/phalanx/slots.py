@@ -99,7 +99,7 @@ class SlotPlan:
     def _fill_columns(self, actions: torch.Tensor, mine: torch.Tensor, policy: Policy, rec: StepRecord, draws: Source,
                       greedy: bool, rows_only: bool) -> torch.Tensor:
         cols = self.columns
-        mine = mine[:, cols] if mine.dim() == 2 else mine[cols].expand(actions.shape[0], len(cols))
+        mine = mine[:, cols]  # `who` per env [N, A]: a plan with columns is a league's
         if not rows_only:  # every env, the static shape (no host read)
             other = policy.act(rec.obs[:, cols], greedy=greedy, generator=draws)
             actions = actions.clone()
