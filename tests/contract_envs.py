@@ -240,6 +240,25 @@ class RoleOutOfRange(GoodEnv):
         self.roles = torch.tensor([0, 2], device=self.device)
 
 
+class RaisesMidRun(GoodEnv):
+    """Keeps every rule, then its own step raises at call `crash_at` (a user's bug that shows up mid-run)."""
+
+    def __init__(self, num_envs: int = 4, device: torch.device | str = "cpu", seed: int | None = 0, crash_at: int = 500):
+        super().__init__(num_envs, device, seed)
+        self.crash_at, self.calls = crash_at, 0
+
+    def step(self, actions):
+        self.calls += 1
+        if self.calls == self.crash_at:
+            raise ValueError(f"cell index {self.calls} out of range\nsecond line of the message")
+        return super().step(actions)
+
+
+def raises_mid_run(num_envs: int = 4, device: torch.device | str = "cpu", seed: int | None = 0,
+                   crash_at: int = 500) -> RaisesMidRun:
+    return RaisesMidRun(num_envs, device, seed, crash_at)
+
+
 # (env class, what the one-line message says)
 BROKEN = {
     "reward_per_env": (RewardPerEnv, "step() record.reward must have shape [4, 2]; got [4]"),

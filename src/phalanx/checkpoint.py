@@ -8,6 +8,7 @@ so a reader never sees a half-written one; the digests catch truncation and bit 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -20,9 +21,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from phalanx import runs
 from phalanx.config import Config, resolve
 from phalanx.envs import registry
-from phalanx.errors import CheckpointError
+from phalanx.errors import CheckpointError, StorageError, storage_reason
 
 FORMAT_VERSION = 1
 CKPT_DIR = "checkpoints"
@@ -51,12 +53,19 @@ def _fsync_dir(path: Path) -> None:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
+    """`data` as JSON in `path`, whole or not at all: a failed write (StorageError) leaves the old file and no
+    temporary one."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    with runs.writing("file", path):
+        try:
+            with open(tmp, "w") as f:
+                json.dump(data, f, indent=2, sort_keys=True)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
 
 
 def _contiguous(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -68,13 +77,13 @@ def save_checkpoint(
 ) -> Path:
     """Write checkpoint `step` atomically and keep only the newest `keep`. Returns its path."""
     root = Path(run_dir) / CKPT_DIR
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"{_PREFIX}{step:012d}"
     tmp = root / f".tmp-{_PREFIX}{step:012d}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
     try:
+        root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
         files = {"model.safetensors": model, "state.safetensors": state}
         digests = {}
         for name, tensors in files.items():
@@ -82,14 +91,19 @@ def save_checkpoint(
             with open(tmp / name, "rb+") as f:
                 os.fsync(f.fileno())
             digests[name] = _digest(tmp / name)
-        write_json_atomic(tmp / "meta.json", {**meta, "format_version": FORMAT_VERSION, "step": step, "digests": digests})
+        # Inside the temporary directory, which is renamed whole: no file of its own needs to be atomic.
+        with open(tmp / "meta.json", "w") as f:
+            json.dump({**meta, "format_version": FORMAT_VERSION, "step": step, "digests": digests}, f, indent=2, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
         _fsync_dir(root)
-    except OSError as e:
+    except (OSError, SafetensorError) as e:  # a full disk: safetensors wraps the OSError
         shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointError(f"could not write checkpoint '{final}': {e.strerror or e}; previous checkpoints are intact") from None
+        kept = "; previous checkpoints are intact" if list_checkpoints(run_dir) else ""
+        raise StorageError(f"could not write checkpoint '{final}': {storage_reason(e)}{kept}") from None
     prune(root, keep)
     return final
 

@@ -20,7 +20,7 @@ from phalanx.compare import compare
 from phalanx.config import FIELDS, describe_keys, effective_defaults, load_file, resolve, sources
 from phalanx.envs import make, registered, registry
 from phalanx.envs.check import check_env
-from phalanx.errors import CheckpointError, ConfigError, MissingExtraError, PhalanxError, Stopped
+from phalanx.errors import CheckpointError, ConfigError, MissingExtraError, PhalanxError, Stopped, storage_reason
 from phalanx.evaluate import evaluate_policy
 from phalanx.league import LEAGUE_FILE, Ratings, load_snapshot
 from phalanx.plot import ClosingPlot, plot_run, plot_runs
@@ -482,6 +482,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_compare(args)
     except PhalanxError as e:
         print(f"phalanx: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a path the command was given or writes to: one line, not a traceback
+        where = f"'{e.filename}': " if e.filename else ""
+        print(f"phalanx: error: {where}{storage_reason(e)}", file=sys.stderr)
         return 2
     except Stopped as e:
         print(f"phalanx: {e}", file=sys.stderr)

@@ -187,8 +187,13 @@ def load_file(path: str | Path) -> dict[str, Any]:
     """Read a YAML or TOML config file into a plain mapping."""
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"config file '{p}' does not exist")
-    text = p.read_text()
+        raise ConfigError(f"config file '{p}' does not exist" if not p.exists() else f"config file '{p}' is not a file")
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file '{p}' is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})") from None
+    except OSError as e:
+        raise ConfigError(f"config file '{p}' cannot be read: {e.strerror or e}") from None
     try:
         if p.suffix == ".toml":
             data = tomllib.loads(text)

@@ -1,5 +1,8 @@
 """Errors the command line turns into one-line messages with exit status 2."""
 
+import errno
+import re
+
 
 class PhalanxError(Exception):
     """A user-facing error: bad config, unknown env, bad checkpoint. Printed as one line."""
@@ -29,6 +32,15 @@ class NonFiniteEnvError(PhalanxError):
     """An environment returned NaN or infinite observations, states or rewards."""
 
 
+class StorageError(PhalanxError):
+    """A path cannot be written or read: a full disk, a read-only filesystem, a file where a directory must
+    be, no permission."""
+
+
+class EnvCrashError(PhalanxError):
+    """An environment's own code raised during a run (its traceback is kept in the run directory)."""
+
+
 class Stopped(Exception):
     """A run stopped by a signal (SIGTERM from a scheduler, Ctrl-C) after its current update, with a
     checkpoint written: the message says where and how to resume; the exit status is 128 + `signum`."""
@@ -49,3 +61,22 @@ def one_line(e: BaseException) -> str:
     if lines[0].endswith(":") and len(lines) > 1:
         return f"{type(e).__name__}: {lines[0]} ... {lines[-1]}"
     return f"{type(e).__name__}: {lines[0]}"
+
+
+# What a user can do about the commonest storage faults, by errno name.
+_STORAGE_HINTS = {"ENOSPC": "disk full", "EDQUOT": "disk quota exceeded", "EFBIG": "the file size limit"}
+
+
+def storage_reason(e: BaseException) -> str:
+    """Why a read or write failed, in a few words: an OSError's own text (and what it means, where the text
+    alone is cryptic), or the message of a library that wraps one (safetensors: "No space left on device")."""
+    if isinstance(e, OSError):
+        code, text = e.errno or 0, e.strerror or str(e)
+    else:  # safetensors: "Error while serializing: I/O error: No space left on device (os error 28)"
+        text = str(e).splitlines()[0] if str(e) else type(e).__name__
+        text = text.removeprefix("Error while serializing: ").removeprefix("I/O error: ")
+        found = re.search(r"\s*\(os error (\d+)\)$", text)
+        code = int(found.group(1)) if found else 0
+        text = text[:found.start()] if found else text
+    hint = _STORAGE_HINTS.get(errno.errorcode.get(code, ""))
+    return f"{text} ({hint})" if hint and hint.lower() not in text.lower() else text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import uuid
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.errors import ConfigError
+from phalanx.runs import writing
 
 
 class RunLog:
@@ -23,11 +25,14 @@ class RunLog:
 
             # The checkpoint holds the row logged at its own step; later events are from lost updates.
             self.writer = SummaryWriter(str(run_dir / "tb"), purge_step=None if resume_step is None else resume_step + 1)
-        self.metrics_file = open(run_dir / "metrics.jsonl", "a")
+        self.metrics_path = run_dir / "metrics.jsonl"
+        with writing("metrics", self.metrics_path):
+            self.metrics_file = open(self.metrics_path, "a")
 
     def write(self, row: dict[str, Any]) -> None:
-        self.metrics_file.write(json.dumps(row) + "\n")
-        self.metrics_file.flush()
+        with writing("metrics", self.metrics_path):
+            self.metrics_file.write(json.dumps(row) + "\n")
+            self.metrics_file.flush()
         if self.writer is not None:
             step = row["step"]
             for k, v in row.items():
@@ -39,7 +44,8 @@ class RunLog:
                            step=row["step"])
 
     def close(self) -> None:
-        self.metrics_file.close()
+        with contextlib.suppress(OSError):  # a full disk: the unwritten tail is reported where it was written
+            self.metrics_file.close()
         if self.writer is not None:
             self.writer.close()
         if self.wandb is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -9,7 +10,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from phalanx.errors import PhalanxError
-from phalanx.runs import read_metrics
+from phalanx.runs import read_metrics, writing
 
 
 def learning_curve_path(run_dir: Path) -> Path:
@@ -65,12 +66,15 @@ class LearningCurves:
             ax.set_prop_cycle(None)  # the runs' lines take the first colours, as in a figure never warmed
 
     def draw(self, run_dirs: list[Path], out: Path) -> Path:
+        out = Path(out)
+        formats = self.fig.canvas.get_supported_filetypes()
+        kind = out.suffix.lstrip(".").lower() or "png"
+        if kind not in formats:
+            raise PhalanxError(f"plot file '{out}' has format '{kind}'; the formats are {', '.join(sorted(formats))}")
         runs = [(Path(d), read_metrics(Path(d))) for d in run_dirs]
         for run_dir, rows in runs:
             if not rows:
                 raise PhalanxError(f"'{run_dir}' has no metrics.jsonl rows to plot")
-        out = Path(out)
-        out.parent.mkdir(parents=True, exist_ok=True)
         for ax, (key, _) in zip(self.axes, PANELS):
             for run_dir, rows in runs:
                 pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
@@ -84,11 +88,14 @@ class LearningCurves:
         # Written whole, then renamed: a reader never sees half a PNG (the closing plot may be drawn while the
         # user already looks for it, see `ClosingPlot`).
         tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-        try:
-            self.fig.savefig(tmp, dpi=90, format=out.suffix.lstrip(".") or "png")
-            os.replace(tmp, out)
-        finally:
-            tmp.unlink(missing_ok=True)
+        with writing("plot", out):
+            try:
+                out.parent.mkdir(parents=True, exist_ok=True)
+                self.fig.savefig(tmp, dpi=90, format=kind)
+                os.replace(tmp, out)
+            finally:
+                with contextlib.suppress(OSError):
+                    tmp.unlink(missing_ok=True)
         return out
 
 

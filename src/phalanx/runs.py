@@ -12,6 +12,7 @@ import platform
 import secrets
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -20,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 
-from phalanx.errors import ConfigError, PhalanxError
+from phalanx.errors import ConfigError, PhalanxError, StorageError, storage_reason
 from phalanx.version import __version__
 
 
@@ -101,6 +103,38 @@ def stop_signals() -> Iterator[StopRequest]:
             signal.signal(s, handler)
 
 
+@contextlib.contextmanager
+def writing(what: str, path: Path | str, after: str = "") -> Iterator[None]:
+    """A failed read or write inside (OSError, or safetensors' wrapped I/O error) becomes a StorageError:
+    one line naming `what`, `path` and why, then `after` (what was kept, what to do)."""
+    try:
+        yield
+    except (OSError, SafetensorError) as e:
+        raise StorageError(f"could not write {what} '{path}': {storage_reason(e)}{after}") from None
+
+
+def check_writable_dir(path: Path, what: str = "run directory") -> None:
+    """Refuse, before anything is built, a directory a run could not write: one that is a file, or whose
+    nearest existing ancestor cannot take a new file (read-only filesystem, no permission). Probed with an
+    unnamed temporary file, so nothing is left behind and root on a read-only mount is refused too."""
+    path = Path(path)
+    probe = path
+    while not probe.exists():
+        if probe.is_symlink():  # a dangling link: mkdir would fail on it
+            raise StorageError(f"{what} '{path}' cannot be made: '{probe}' is a broken symlink")
+        probe = probe.parent
+    if not probe.is_dir():
+        if probe == path:
+            raise StorageError(f"{what} '{path}' is a file, not a directory")
+        raise StorageError(f"{what} '{path}' cannot be made: '{probe}' is a file, not a directory")
+    try:
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as e:
+        where = "" if probe == path else f" (in '{probe}')"
+        raise StorageError(f"{what} '{path}' is not writable{where}: {storage_reason(e)}") from None
+
+
 def default_run_dir(env: str, stamp: float | None = None, tag: int | None = None) -> Path:
     """runs/<env>-<local time>-<6 hex digits>: the digits (`tag`, random unless given) keep runs launched in
     the same second apart (three seeds started together once found one name)."""
@@ -159,6 +193,17 @@ class RunLock:
             self._fd = None
 
 
+def replace_text(tmp: Path, path: Path, text: str) -> None:
+    """Write `text` to `tmp` and rename it over `path`; a failed write leaves `path` as it was and no `tmp`."""
+    with writing("file", path):
+        try:
+            tmp.write_text(text)
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+
+
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     """Parse metrics.jsonl, skipping a broken trailing line left by a kill."""
     path = Path(run_dir) / "metrics.jsonl"
@@ -180,8 +225,7 @@ def truncate_metrics(run_dir: Path, max_step: int) -> None:
         return
     keep = [r for r in read_metrics(run_dir) if r.get("step", 0) <= max_step]
     tmp = path.with_name(".metrics.jsonl.tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
-    os.replace(tmp, path)
+    replace_text(tmp, path, "".join(json.dumps(r) + "\n" for r in keep))
 
 
 def write_metric_csvs(run_dir: Path) -> None:
@@ -205,9 +249,7 @@ def write_metric_csvs(run_dir: Path) -> None:
                 vals.append(dealt / taken if dealt is not None and taken else None)
             lines.append(",".join([str(r["step"]), *("" if v is None else f"{v:.6g}" for v in vals)]))
         path = Path(run_dir) / name
-        tmp = path.with_name(f".{name}.tmp")
-        tmp.write_text("\n".join(lines) + "\n")
-        os.replace(tmp, path)
+        replace_text(path.with_name(f".{name}.tmp"), path, "\n".join(lines) + "\n")
 
 
 def free_memory_bytes(device: torch.device) -> int | None:

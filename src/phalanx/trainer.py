@@ -15,6 +15,7 @@ import secrets
 import signal
 import sys
 import time
+import traceback
 from collections import deque
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -33,7 +34,17 @@ from phalanx.distributed import Dist
 from phalanx.envs import make, registry
 from phalanx.envs.base import VecEnv, generator_state, set_generator_state
 from phalanx.envs.check import check_env
-from phalanx.errors import CheckpointError, ConfigError, NonFiniteEnvError, NonFiniteLossError, Stopped
+from phalanx.errors import (
+    CheckpointError,
+    ConfigError,
+    EnvCrashError,
+    NonFiniteEnvError,
+    NonFiniteLossError,
+    Stopped,
+    StorageError,
+    one_line,
+    storage_reason,
+)
 from phalanx.evaluate import evaluate_policy
 from phalanx.graphs import GraphedStep, check_graphs
 from phalanx.league import LEAGUE_FILE, League, parse_mix
@@ -119,6 +130,8 @@ class Trainer:
         stamp, tag = self.dist.broadcast_int(int(time.time())), self.dist.broadcast_int(secrets.randbelow(1 << 24))
         self.run_dir = Path(run_dir or cfg.run_dir or runs.default_run_dir(cfg.env, stamp, tag))
         self.resume = resume
+        if self.main:  # before anything is built: a run that could never save is refused in a second
+            runs.check_writable_dir(self.run_dir)
         if not resume and ckpt.list_checkpoints(self.run_dir):
             raise ConfigError(f"run directory '{self.run_dir}' already holds a run; use --resume {self.run_dir} or another --run-dir")
         if self.dist.enabled and cfg.opponents:
@@ -202,10 +215,11 @@ class Trainer:
         random.seed(cfg.seed)
         np.random.seed(cfg.seed % (2**32))
         if self.main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            runs.check_run_dir(self.run_dir)
-            self.lock = runs.RunLock(self.run_dir)
-            self.lock.acquire()
+            with runs.writing("run directory", self.run_dir):
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                runs.check_run_dir(self.run_dir)
+                self.lock = runs.RunLock(self.run_dir)
+                self.lock.acquire()
         self.dist.barrier()
 
     def compile_update(self, backend: str = "inductor") -> None:
@@ -285,6 +299,8 @@ class Trainer:
         try:
             with runs.stop_signals() as stop:
                 last_row = self._train_loop(progress, stop, max_updates)
+        except StorageError as e:
+            raise StorageError(f"{e}; {self._kept()}") from None
         except KeyboardInterrupt:  # a second Ctrl-C: the update in flight is abandoned
             raise Stopped(f"interrupted during update {self.update_idx + 1}; the last checkpoint (step "
                           f"{self._last_ckpt_step:,}) is in '{self.run_dir}'; resume with "
@@ -311,7 +327,13 @@ class Trainer:
         done_updates, last_row = 0, {}
         while self.global_step < cfg.total_steps and (max_updates is None or done_updates < max_updates):
             t0 = time.perf_counter()
-            stats = self.collect()
+            try:
+                stats = self.collect()
+            except Exception as e:
+                crash = self._env_crash(e)
+                if crash is None:
+                    raise
+                raise crash from None
             self.global_step += self.steps_per_update
             if self.dist.enabled:  # pooled statistics keep the ranks' normalisers identical
                 self.dist.pool_stats(self.norms.obs)
@@ -344,6 +366,33 @@ class Trainer:
                           f"{cfg.total_steps:,}; checkpoint saved in '{self.run_dir}'; resume with "
                           f"`phalanx train --resume {self.run_dir}`", stop.signum)
         return last_row
+
+    def _kept(self) -> str:
+        """What a run that ends on a fault leaves to resume from, as the end of its one line."""
+        last = ckpt.list_checkpoints(self.run_dir)
+        if not last:
+            return f"no checkpoint was written yet (run directory '{self.run_dir}')"
+        return (f"last checkpoint: step {int(last[-1].name.removeprefix('step_')):,}; resume with "
+                f"`phalanx train --resume {self.run_dir}`")
+
+    def _env_crash(self, e: Exception) -> EnvCrashError | None:
+        """An exception raised inside the env's own code during a rollout, as one line naming the env, the step
+        and the exception, with the traceback written to the run directory; None where the env's step is not on
+        the traceback (a fault of Phalanx itself keeps its traceback)."""
+        frames = [f for f, _ in traceback.walk_tb(e.__traceback__)]
+        if not any(f.f_locals.get("self") is self.env for f in frames):
+            return None
+        at = next((f.f_locals["t"] for f in reversed(frames)
+                   if f.f_locals.get("self") is self.rollout and isinstance(f.f_locals.get("t"), int)), None)
+        step = self.global_step + (0 if at is None else at * self.cfg.num_envs * self.dist.world)
+        where = f"at step {step:,}" + ("" if at is None else f" (rollout step {at} of update {self.update_idx + 1})")
+        path = self.run_dir / "env_crash.txt"
+        try:
+            path.write_text("".join(traceback.format_exception(e)).rstrip("\n") + "\n")
+            kept = f"traceback in '{path}'"
+        except OSError as fault:
+            kept = f"its traceback could not be written to '{path}': {storage_reason(fault)}"
+        return EnvCrashError(f"env '{self.cfg.env}' raised {where}: {one_line(e)}; {kept}; {self._kept()}")
 
     def _summarise(self, metrics: dict[str, torch.Tensor], stats: dict[str, torch.Tensor], seconds: float) -> dict[str, Any]:
         """The update's metrics row, from one host read of every metric; stops the run on non-finite
@@ -382,9 +431,9 @@ class Trainer:
 
     def _save_nonfinite(self, metrics: dict[str, Any]) -> Path:
         out = self.run_dir / f"nonfinite_update_{self.update_idx:06d}"
-        out.mkdir(exist_ok=True)
-        b = self._last_batch
-        save_file({k: v.detach().cpu().clone() for k, v in b.tensors().items()}, str(out / "batch.safetensors"))
+        with runs.writing("the non-finite batch", out):
+            out.mkdir(exist_ok=True)
+            save_file({k: v.detach().cpu().clone() for k, v in self._last_batch.tensors().items()}, str(out / "batch.safetensors"))
         ckpt.write_json_atomic(out / "config.json", self.cfg.to_dict())
         ckpt.write_json_atomic(out / "metrics.json", metrics)
         return out
