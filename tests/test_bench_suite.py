@@ -122,9 +122,9 @@ def test_rows_that_cannot_run_are_skipped_with_a_note(tmp_path, capsys, monkeypa
     monkeypatch.setattr(runs, "free_memory_bytes", lambda device: 1024)
     assert main(["bench", "suite", "--workloads", "cartpole", *TINY, "--out", str(tmp_path), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["rows"][0]["note"].startswith("skipped: the rollout buffer needs")
-    assert result["profile"][0]["note"].startswith("skipped: the rollout buffer needs")
-    assert "skipped: the rollout buffer needs" in (tmp_path / "bench.md").read_text()
+    assert result["rows"][0]["note"].startswith("skipped: the run needs")
+    assert result["profile"][0]["note"].startswith("skipped: the run needs")
+    assert "skipped: the run needs" in (tmp_path / "bench.md").read_text()
 
 
 def test_alternating_measure_takes_turns_and_pairs_rounds():

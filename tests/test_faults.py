@@ -9,9 +9,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import phalanx
+from phalanx import runs
+from phalanx import trainer as trainer_module
 from phalanx.cli import main
 from phalanx.config import FIELDS, resolve
+from phalanx.envs import make
 from phalanx.errors import CheckpointError, NonFiniteEnvError, PhalanxError
+from phalanx.rollout import run_bytes
 from phalanx.trainer import Trainer
 
 SMALL = dict(env="cartpole", num_envs=4, num_steps=16, num_minibatches=2, num_epochs=1, progress=False, tensorboard=False)
@@ -267,3 +271,39 @@ def test_corrupt_league_files(tmp_path, capsys):
     err = capsys.readouterr().err
     assert snap.name in err and err.count(chr(10)) == 1
     assert state["ratings"]  # nothing lost
+
+
+def test_an_impossible_num_envs_is_refused_before_the_env_is_built(tmp_path, monkeypatch, capsys):
+    """`--num-envs 100000000` once built the env first (14 GB and climbing, no message): the memory check now runs
+    on a copy of a few envs, from declared sizes, and the full env is never made."""
+    made = []
+    real_make = trainer_module.make
+
+    def counting_make(name, num_envs, **kwargs):
+        made.append(num_envs)
+        return real_make(name, num_envs=num_envs, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "make", counting_make)
+    monkeypatch.setattr(runs, "free_memory_bytes", lambda device: 8 << 30)
+    assert main(["train", "--num-envs", "100000000", "--total-steps", "1e10", "--run-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("phalanx: error: the run needs about ") and "but cpu has 8,192 MiB free" in err
+    assert err.endswith("lower num_envs (100000000) or num_steps (64)")
+    assert max(made) <= trainer_module.PROBE_ENVS and not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("over", [dict(env="cartpole"), dict(env="duel", model="lstm"), dict(env="bucket_brigade")])
+def test_the_memory_estimate_from_a_few_envs_matches_the_built_run(tmp_path, over):
+    """What `run_bytes` says from the copy of 4 envs is what the run of 64 holds: the rollout buffers exactly, the
+    env's step state and records exactly (their per-env tensors scale; the rest stays)."""
+    cfg = resolve(dict(SMALL, **over, num_envs=64, run_dir=str(tmp_path / "r")))
+    t = Trainer(cfg)
+    try:
+        probe = make(cfg.env, num_envs=4, seed=1, **cfg.env_options)
+        need = run_bytes(cfg, probe, probe.reset(seed=1), t.model)
+        held = sum(b.numel() * b.element_size() for b in t.rollout.buf.values())
+        assert need["rollout buffer"] == held
+        full = list(t.env.step_state().values()) + list(t.env.reset(seed=1).tensors().values())
+        assert need["envs"] == sum(x.numel() * x.element_size() for x in full)
+    finally:
+        t.close()

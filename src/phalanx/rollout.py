@@ -9,13 +9,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import sys
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
 import torch
 
-from phalanx import runs
 from phalanx.algo import Normalizers, compute_gae, pending_bootstrap
 from phalanx.checkpoint import section
 from phalanx.config import Config
@@ -35,9 +33,11 @@ from phalanx.slots import Teammates
 ActValueFn = Callable[[torch.Tensor, Draws, bool, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
-def buffer_specs(cfg: Config, env: VecEnv, model: ActorCritic) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """Name -> (shape, dtype) of every rollout buffer; image observations stay uint8."""
-    T, N, A = cfg.num_steps, env.num_envs, env.num_agents
+def buffer_specs(cfg: Config, env: VecEnv, model: ActorCritic,
+                 num_envs: int | None = None) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Name -> (shape, dtype) of every rollout buffer (for `num_envs` envs, else the env's); image observations
+    stay uint8."""
+    T, N, A = cfg.num_steps, num_envs or env.num_envs, env.num_agents
     space = env.action_space
     act_dtype = torch.float32 if isinstance(space, Box) else torch.long
     obs = ((T, N, A, *env.observation_space.shape), torch.uint8) if model.obs_is_image else ((T, N, A, obs_dim_of(env)), torch.float32)
@@ -55,6 +55,23 @@ def buffer_specs(cfg: Config, env: VecEnv, model: ActorCritic) -> dict[str, tupl
 
 def buffer_bytes(specs: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> int:
     return sum(math.prod(shape) * torch.empty((), dtype=dt).element_size() for shape, dt in specs.values())
+
+
+def run_bytes(cfg: Config, env: VecEnv, record: StepRecord, model: ActorCritic) -> dict[str, int]:
+    """What a run of `cfg.num_envs` envs will hold, from a copy `env` of fewer envs (and a record it returned),
+    before the full env is built: its step state and records, each tensor with a row per env scaled to
+    cfg.num_envs; the rollout buffer; the model with Adam's two moments and a gradient."""
+    try:
+        tensors = list(env.step_state().values())
+    except NotImplementedError:  # not capturable: its records are what is known of its size
+        tensors = []
+    tensors += list(record.tensors().values())
+    scale = cfg.num_envs / env.num_envs
+    env_bytes = sum(t.numel() * t.element_size() * (scale if t.dim() and t.shape[0] == env.num_envs else 1)
+                    for t in tensors)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    return {"envs": int(env_bytes), "rollout buffer": buffer_bytes(buffer_specs(cfg, env, model, cfg.num_envs)),
+            "model and optimizer": 4 * weights}
 
 
 def _read(flag: torch.Tensor) -> bool:
@@ -76,23 +93,14 @@ class Rollout:
     def __init__(self, cfg: Config, env: VecEnv, model: ActorCritic, norms: Normalizers, learner: torch.Tensor,
                  generator: torch.Generator, act_value: ActValueFn | None, amp: Callable[[], AbstractContextManager],
                  timer: PhaseTimer, teammates: Teammates | None = None, league: League | None = None,
-                 seed: int | None = None, announce: bool = False):
+                 seed: int | None = None):
         self.cfg, self.env, self.model, self.norms, self.learner = cfg, env, model, norms, learner
         self.gen, self.act_value, self.amp, self.timer = generator, act_value, amp, timer
         self.teammates, self.league = teammates, league
         self.device = env.device
         self.N, self.A = env.num_envs, env.num_agents
-        specs = buffer_specs(cfg, env, model)
-        need, free = buffer_bytes(specs), runs.free_memory_bytes(self.device)
-        if announce:
-            print(f"rollout buffer: {need / 2**20:,.1f} MiB on {self.device}"
-                  + (f" ({free / 2**20:,.0f} MiB free)" if free is not None else ""), file=sys.stderr, flush=True)
-        if free is not None and need > 0.8 * free:
-            raise ConfigError(
-                f"the rollout buffer needs {need / 2**20:,.0f} MiB but {self.device} has {free / 2**20:,.0f} MiB free; "
-                f"lower num_envs ({cfg.num_envs}) or num_steps ({cfg.num_steps})"
-            )
-        self.buf = {k: torch.zeros(shape, dtype=dt, device=self.device) for k, (shape, dt) in specs.items()}
+        # Sized before the env was built (rollout.run_bytes, checked by the trainer).
+        self.buf = {k: torch.zeros(shape, dtype=dt, device=self.device) for k, (shape, dt) in buffer_specs(cfg, env, model).items()}
         # Every buffer's rows as views, made once: an eager step's write is one copy, not an index and a copy.
         self._rows = {k: v.unbind(0) for k, v in self.buf.items()}
         self.record = env.reset(seed=seed)

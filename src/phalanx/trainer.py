@@ -52,9 +52,10 @@ from phalanx.logs import Progress, RunLog, summary_row
 from phalanx.models.registry import build_model, check_model, obs_dim_of
 from phalanx.policy import Policy
 from phalanx.profile import PhaseTimer
-from phalanx.rollout import Rollout
+from phalanx.rollout import Rollout, run_bytes
 from phalanx.slots import Teammates, opponent_slots, parse_teammates
 
+PROBE_ENVS = 4  # envs of the copy an env is checked and measured on before the full one is built
 HISTORY_ROWS = 1_000  # updates kept in memory for RunResult.history
 # Keys that may differ when resuming; everything else must match the saved run.
 RESUME_MUTABLE = {"total_steps", "progress", "tensorboard", "checkpoint_every", "checkpoint_minutes", "keep_checkpoints", "eval_episodes", "device", "torch_threads", "run_dir",
@@ -138,25 +139,32 @@ class Trainer:
             raise ConfigError("config key 'opponents' (the self-play league) is not supported with torchrun yet; train it in one process")
         # Each rank's envs and sampling follow their own seed stream.
         self.env_seed = cfg.seed + 1_000_033 * self.dist.rank
-        self.env = make(cfg.env, num_envs=cfg.num_envs, device=self.device, seed=self.env_seed, **cfg.env_options)
-        # The cheap part of the env contract (docs/ENVIRONMENTS.md), so a broken env is refused here with
-        # one line, not by a torch error mid-run; the rollout's reset(seed) starts the env afresh after it.
+        # A copy with a few envs comes first: the cheap part of the env contract (docs/ENVIRONMENTS.md), the
+        # model, and the memory the run will hold from their sizes, so that a broken env or an impossible
+        # num_envs is refused in seconds with one line (1e8 cartpole envs once took 14 GB before any check).
+        self.env = make(cfg.env, num_envs=min(cfg.num_envs, PROBE_ENVS), device=self.device, seed=self.env_seed,
+                        **cfg.env_options)
         check_env(self.env, quick=True)
+        check_model(cfg, self.env)
+        with torch.random.fork_rng(devices=[]):  # the model's initial weights follow the seed; the global RNG waits
+            torch.manual_seed(cfg.seed)
+            self.model = build_model(cfg, self.env).to(self.device)
+        self._check_memory(run_bytes(cfg, self.env, self.env.reset(seed=self.env_seed), self.model))
+        if self.env.num_envs != cfg.num_envs:
+            self.env.close()
+            self.env = make(cfg.env, num_envs=cfg.num_envs, device=self.device, seed=self.env_seed, **cfg.env_options)
+            check_env(self.env, quick=True)  # the rollout's reset(seed) starts the env afresh after it
         self.N, self.A = self.env.num_envs, self.env.num_agents
         threads, why = runs.choose_threads(cfg.torch_threads, self.device, self.N * self.A, self.dist.local_world)
         torch.set_num_threads(threads)
         if cfg.progress and self.main:
             print(f"torch threads: {threads} ({why})", file=sys.stderr, flush=True)
-        check_model(cfg, self.env)
         slots = parse_teammates(cfg.teammates, self.env)
         if cfg.opponents:
             if cfg.teammates:
                 raise ConfigError("config keys 'teammates' and 'opponents' both fill agent slots; set only one")
             parse_mix(cfg.opponents, self.env.scripted_names)
             opponent_slots(self.A, self.device)
-        with torch.random.fork_rng(devices=[]):  # the model's initial weights follow the seed; the global RNG waits
-            torch.manual_seed(cfg.seed)
-            self.model = build_model(cfg, self.env).to(self.device)
         self.dist.broadcast_module(self.model)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         # The learning rate is a device tensor changed in place, and Adam's update reads no host value
@@ -188,7 +196,7 @@ class Trainer:
                                     sync_grads=self.dist.average_grads if self.dist.enabled else None)
         self.timer = PhaseTimer(self.device)
         self.rollout = Rollout(cfg, self.env, self.model, self.norms, self.learner, self.gen, act_value, self._amp, self.timer,
-                               self.teammates, self.league, seed=self.env_seed, announce=cfg.progress)
+                               self.teammates, self.league, seed=self.env_seed)
         if cfg.compile:
             # Shapes are fixed for the whole run (num_envs, minibatch sizes), so each compiles once (twice
             # where a remainder makes two minibatch sizes); the update step and, where the env allows,
@@ -221,6 +229,20 @@ class Trainer:
                 self.lock = runs.RunLock(self.run_dir)
                 self.lock.acquire()
         self.dist.barrier()
+
+    def _check_memory(self, need: dict[str, int]) -> None:
+        """Refuse a run whose envs, buffers and model (`rollout.run_bytes`) would take more than 80% of the
+        device's free memory; announce the rollout buffer's size."""
+        free = runs.free_memory_bytes(self.device)
+        if self.cfg.progress and self.main:
+            print(f"rollout buffer: {need['rollout buffer'] / 2**20:,.1f} MiB on {self.device}"
+                  + (f" ({free / 2**20:,.0f} MiB free)" if free is not None else ""), file=sys.stderr, flush=True)
+        total = sum(need.values())
+        if free is not None and total > 0.8 * free:
+            parts = ", ".join(f"{k} {v / 2**20:,.0f}" for k, v in need.items())
+            raise ConfigError(f"the run needs about {total / 2**20:,.0f} MiB ({parts}) but {self.device} has "
+                              f"{free / 2**20:,.0f} MiB free; lower num_envs ({self.cfg.num_envs}) or num_steps "
+                              f"({self.cfg.num_steps})")
 
     def compile_update(self, backend: str = "inductor") -> None:
         """The minibatch update step captured whole (`compile_step`); `backend` for tests (aot_eager)."""
