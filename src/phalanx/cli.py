@@ -23,6 +23,7 @@ from phalanx.envs.check import check_env
 from phalanx.errors import CheckpointError, ConfigError, MissingExtraError, PhalanxError, Stopped, storage_reason
 from phalanx.evaluate import evaluate_policy
 from phalanx.league import LEAGUE_FILE, Ratings, load_snapshot
+from phalanx.logs import return_label
 from phalanx.plot import ClosingPlot, plot_run, plot_runs
 from phalanx.policy import load
 from phalanx.record import record_episode
@@ -144,11 +145,27 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
             print(f"learning curve: {closing_plot.draw(result.run_dir, wait=False)} (drawn in the background)")
         else:
             print(f"learning curve: {closing_plot.draw(result.run_dir)}")
-    if "episode_return" in m:
-        print(f"final training return: {m['episode_return']:.2f} at step {m['step']:,} ({m['sps']:,.0f} steps/s)")
+    agents = result.policy.model.num_agents
+    if "step" in m:
+        print(f"trained:        to step {m['step']:,} in {_duration(m['elapsed_s'])} ({m['run_sps']:,.0f} steps/s on "
+              "average)")
+    if "recent_return" in m:
+        print(f"training {return_label(agents)}: {m['recent_return']:.2f} (mean of the last updates' episodes, as the "
+              "progress showed)")
     if "eval_mean_return" in m:
-        print(f"greedy eval return:    {m['eval_mean_return']:.2f} over {int(m['eval_episodes'])} episodes")
+        team = "" if agents == 1 else f" (team: {agents} slots summed)"
+        print(f"greedy eval return{team}: {m['eval_mean_return']:.2f} over {int(m['eval_episodes'])} episodes")
     return 0
+
+
+def _duration(seconds: float) -> str:
+    """12.3 s, 4 min 05 s, 2 h 03 min."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, sec = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {sec:02d} s"
+    return f"{minutes // 60} h {minutes % 60:02d} min"
 
 
 def _at_least_one(command: str, **counts: int) -> None:
@@ -181,17 +198,22 @@ def cmd_eval(args: argparse.Namespace, extra: list[str] | None = None) -> int:
         other = evaluate_policy(policy, cfg.env, greedy=args.sample, teammates=cfg.teammates, **common)
         res[other_mode] = {k: v for k, v in other.items()
                            if k.startswith("mean_") or k in ("success_rate", "median_steps_to_goal")}
+    res["checkpoint_step"] = policy.step
     if not args.vs:
         if args.json:
             print(json.dumps(res))
             return 0
         mode = "greedy" if res["greedy"] else "sampled"
-        print(f"{cfg.env} ({mode}, {res['episodes']} episodes)")
+        print(f"{cfg.env} ({mode}, {res['episodes']} episodes; {_evaluated(args.run_dir, policy.step)})")
+        names = _return_names(policy.model.num_agents)
         for k, v in res.items():
+            if isinstance(v, float) and k in names and names[k] is None:
+                continue
             if isinstance(v, float):
-                print(f"  {k:<22} {v:.3f}")
+                print(f"  {names.get(k) or k:<26} {v:.3f}")
             elif isinstance(v, dict):
-                print(f"  {k.replace('_', ' ')}: " + ", ".join(f"{a} {b:.3f}" for a, b in v.items()))
+                print(f"  {k.replace('_', ' ')}: " + ", ".join(f"{names.get(a) or a} {b:.3f}" for a, b in v.items()
+                                                              if a not in names or names[a] is not None))
         return 0
     if cfg.opponents:
         return _eval_head_to_head(args, policy, common)
@@ -206,7 +228,8 @@ def cmd_eval(args: argparse.Namespace, extra: list[str] | None = None) -> int:
     extra = sorted({k for r in table.values() for k in r if k.startswith("mean_") and k not in skip})
     cols = ["mean_return", "mean_agent_return", *extra, "mean_length"]
     heads = ["team return" if policy.model.num_agents > 1 else "return", "per agent", *[k[5:] for k in extra], "length"]
-    print(f"{cfg.env} {cfg.env_options or ''} ({args.episodes} episodes each; learned = {'sampled' if args.sample else 'greedy'})")
+    print(f"{cfg.env} {cfg.env_options or ''} ({args.episodes} episodes each; learned = {'sampled' if args.sample else 'greedy'}, "
+          f"{_evaluated(args.run_dir, policy.step)})")
     widths = [_col_width(h) for h in heads]
     print(f"{'policy':<18}" + "".join(f"{h:>{w}}" for h, w in zip(heads, widths)))
     rows = list(table.items())
@@ -215,6 +238,20 @@ def cmd_eval(args: argparse.Namespace, extra: list[str] | None = None) -> int:
     for name, r in rows:
         print(f"{name:<18}" + "".join(f"{r.get(c, float('nan')):>{w}.2f}" for c, w in zip(cols, widths)))
     return 0
+
+
+def _evaluated(run_dir: str, step: int | None) -> str:
+    return f"checkpoint of step {step:,} in {run_dir}" if step is not None else f"latest checkpoint in {run_dir}"
+
+
+def _return_names(num_agents: int) -> dict[str, str | None]:
+    """How `eval` prints the return keys: whether each is a team's (slots summed) or one agent's; None: not
+    printed (with one slot the per-agent return repeats the return)."""
+    if num_agents == 1:
+        return {"mean_return": "mean return", "median_return": "median return", "std_return": "std of return",
+                "mean_agent_return": None}
+    return {"mean_return": "mean team return", "median_return": "median team return", "std_return": "std of team return",
+            "mean_agent_return": "mean return per agent"}
 
 
 def _col_width(head: str) -> int:
@@ -252,7 +289,8 @@ def _eval_head_to_head(args: argparse.Namespace, policy: Any, common: dict[str, 
     if args.json:
         print(json.dumps({"vs": table}))
         return 0
-    print(f"{cfg.env}: learner ({'sampled' if args.sample else 'greedy'}) vs each opponent, {args.episodes} matches each")
+    print(f"{cfg.env}: learner ({'sampled' if args.sample else 'greedy'}, {_evaluated(args.run_dir, policy.step)}) vs each "
+          f"opponent, {args.episodes} matches each")
     extra = sorted({k for r in table.values() for k in r if k.startswith("mean_") and k not in
                     ("mean_return", "mean_agent_return", "mean_length", "mean_win", "mean_draw", "mean_loss")})
     widths = [_col_width(k[5:]) for k in extra]
@@ -367,7 +405,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    result = compare(args.paths, metric=args.metric, out_dir=Path(args.out or "compare"))
+    result = compare(args.paths, metric=args.metric, out_dir=Path(args.out) if args.out else None)
     if args.json:
         print(json.dumps({k: v for k, v in result.items() if k != "table"}))
     else:
@@ -444,7 +482,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     pm.add_argument("paths", nargs="+", help="run directories, sweep directories or folders of runs")
     pm.add_argument("--metric", default="eval_mean_return",
                     help="eval_<key> from eval.json (e.g. eval_mean_return), or a metrics.jsonl key (its last value)")
-    pm.add_argument("--out", default=None, help="where compare.md, compare.json and curves.png go [./compare]")
+    pm.add_argument("--out", default=None, help="where compare.md, compare.json and curves.png go [SWEEP/compare for one sweep or folder; "
+                    "else a compare folder beside the runs]")
     pm.add_argument("--json", action="store_true", help="print the JSON instead of the table")
     plugins = plugin_commands()
     for name, ep in plugins.items():

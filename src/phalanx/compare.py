@@ -10,6 +10,7 @@ configuration the stratified bootstrap resamples the seeds; with several tasks (
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -165,10 +166,21 @@ def compare(paths: list[str | Path], metric: str = "eval_mean_return", out_dir: 
     """Group, score and write compare.md, compare.json and curves.png into `out_dir`; returns the JSON."""
     groups = group_runs(find_runs(paths), metric)
     markdown, rows = compare_table(groups, metric)
-    out_dir = Path(out_dir or ".")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "compare.md").write_text(markdown)
-    png = curves_plot(groups, out_dir / "curves.png")
-    result = {"metric": metric, "groups": rows, "markdown": str(out_dir / "compare.md"), "plot": str(png)}
-    (out_dir / "compare.json").write_text(json.dumps(result, indent=2) + "\n")
+    out_dir = Path(out_dir) if out_dir is not None else default_out(paths)
+    with runs.writing("comparison", out_dir):
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "compare.md").write_text(markdown)
+        png = curves_plot(groups, out_dir / "curves.png")
+        result = {"metric": metric, "groups": rows, "markdown": str(out_dir / "compare.md"), "plot": str(png)}
+        (out_dir / "compare.json").write_text(json.dumps(result, indent=2) + "\n")
     return result | {"table": markdown}
+
+
+def default_out(paths: list[str | Path]) -> Path:
+    """Where `compare` writes unless told: into the one sweep or folder of runs it was given (<it>/compare),
+    else beside the runs (<their common folder>/compare), never the current directory by accident."""
+    dirs = [Path(p) for p in paths]
+    if len(dirs) == 1 and not (dirs[0] / "config.json").is_file():
+        return dirs[0] / "compare"
+    parents = [d.resolve().parent if (d / "config.json").is_file() else d.resolve() for d in dirs]
+    return Path(os.path.commonpath(parents)) / "compare"

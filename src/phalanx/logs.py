@@ -100,11 +100,18 @@ def summary_row(step: int, update: int, values: dict[str, float], num_agents: in
     return row
 
 
-class Progress:
-    """A live bar (rich) on a terminal; a line every 10% of the run otherwise."""
+def return_label(num_agents: int) -> str:
+    """What a training return is: an agent slot's episode return, which with several slots is not the team's."""
+    return "return" if num_agents == 1 else "return per agent"
 
-    def __init__(self, total: int, enabled: bool, start: int = 0):
+
+class Progress:
+    """A live bar (rich) on a terminal; a line every 10% of the run otherwise. `total` is the steps the run
+    will take (whole updates), `ret` the mean return of the last updates' episodes (None: none ended yet)."""
+
+    def __init__(self, total: int, enabled: bool, start: int = 0, num_agents: int = 1):
         self.total, self.enabled = total, enabled
+        self.label = return_label(num_agents)
         self._bar = None
         self._next_line = 0.1
         if not enabled:
@@ -115,19 +122,22 @@ class Progress:
 
             self._bar = RichProgress(
                 TextColumn("[bold]train"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,} steps"),
-                TextColumn("{task.fields[sps]:>9,.0f} steps/s"), TextColumn("return {task.fields[ret]:>8.2f}"),
+                TextColumn("{task.fields[sps]:>9,.0f} steps/s"), TextColumn("{task.fields[ret]}"),
                 TimeRemainingColumn(), transient=False,
             )
-            self._task = self._bar.add_task("train", total=total, completed=start, sps=0.0, ret=float("nan"))
+            self._task = self._bar.add_task("train", total=total, completed=start, sps=0.0, ret=self._ret(None))
             self._bar.start()
 
-    def update(self, step: int, sps: float, ret: float) -> None:
+    def _ret(self, ret: float | None) -> str:
+        return f"{self.label} " + ("(no episode ended yet)" if ret is None else f"{ret:.2f}")
+
+    def update(self, step: int, sps: float, ret: float | None) -> None:
         if not self.enabled:
             return
         if self._bar is not None:
-            self._bar.update(self._task, completed=min(step, self.total), sps=sps, ret=ret)
+            self._bar.update(self._task, completed=step, sps=sps, ret=self._ret(ret))
         elif step / self.total >= self._next_line or step >= self.total:
-            print(f"step {step:>10,}/{self.total:,}  {sps:>9,.0f} steps/s  return {ret:8.2f}", file=sys.stderr, flush=True)
+            print(f"step {step:>10,}/{self.total:,}  {sps:>9,.0f} steps/s  {self._ret(ret)}", file=sys.stderr, flush=True)
             while self._next_line <= step / self.total:
                 self._next_line += 0.1
 

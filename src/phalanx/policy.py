@@ -21,8 +21,10 @@ from phalanx.runs import resolve_device
 class Policy:
     """Wraps a trained model with the observation statistics it was trained under."""
 
-    def __init__(self, model: ActorCritic, obs_rms: RunningMeanStd | None, config: Config, observation_space: Space, action_space: Space):
+    def __init__(self, model: ActorCritic, obs_rms: RunningMeanStd | None, config: Config, observation_space: Space,
+                 action_space: Space, step: int | None = None):
         self.model = model
+        self.step = step  # the training step of the checkpoint it was loaded from (None: not from one)
         self.obs_rms = obs_rms
         self.config = config
         self.observation_space = observation_space
@@ -106,7 +108,7 @@ def load(run_dir: str | Path, device: str = "cpu", checkpoint: str | Path | None
     # Env-batch-shaped reward statistics do not matter for inference.
     norm_state = {k: v for k, v in ckpt.section(state_t, "norms", dev).items() if not k.startswith("reward.")}
     norms.load_state_dict(norm_state, strict=False)
-    policy = Policy(model, norms.obs, cfg, env.observation_space, env.action_space)
+    policy = Policy(model, norms.obs, cfg, env.observation_space, env.action_space, step=meta.get("global_step"))
     env.close()
     return policy
 

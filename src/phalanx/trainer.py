@@ -316,8 +316,14 @@ class Trainer:
         if self.main:
             self.log = RunLog(self.run_dir, cfg.tensorboard, self.global_step if self.resume else None,
                               dict(project=cfg.wandb_project, mode=cfg.wandb_mode, config=cfg.to_dict()) if cfg.wandb else None)
-        progress = Progress(cfg.total_steps, enabled=cfg.progress and self.main, start=self.global_step)
-        self._last_ckpt_time = time.monotonic()
+        # Whole updates: the run ends at the first update that reaches total_steps, and says so where that is more.
+        planned = self.num_updates * self.steps_per_update
+        if planned != cfg.total_steps and cfg.progress and self.main and self.global_step < cfg.total_steps:
+            print(f"total_steps {cfg.total_steps:,} rounds up to whole updates: {self.num_updates:,} of "
+                  f"{self.steps_per_update:,} steps, {planned:,} steps", file=sys.stderr, flush=True)
+        progress = Progress(planned, enabled=cfg.progress and self.main, start=self.global_step, num_agents=self.A)
+        self._last_ckpt_time = started = time.monotonic()
+        first_step = self.global_step
         try:
             with runs.stop_signals() as stop:
                 last_row = self._train_loop(progress, stop, max_updates)
@@ -331,7 +337,11 @@ class Trainer:
             progress.close()
             if self.log is not None:
                 self.log.close()
-        final = dict(last_row)
+        elapsed = time.monotonic() - started
+        # The run's own figures: the last row's sps is one update's, its return one update's episodes.
+        final = {**last_row, "elapsed_s": elapsed, "run_sps": (self.global_step - first_step) / max(elapsed, 1e-9)}
+        if self.recent_returns:
+            final["recent_return"] = self.recent_return()
         if self.global_step >= cfg.total_steps and cfg.eval_episodes > 0 and self.main:
             ev = evaluate_policy(self.policy(), cfg.env, cfg.env_options, episodes=cfg.eval_episodes, seed=cfg.seed + 7777, device=self.device)
             final.update({f"eval_{k}": v for k, v in ev.items() if isinstance(v, (int, float))})
@@ -370,8 +380,7 @@ class Trainer:
                 self.log.write(row)
             self.history.append(row)
             last_row = row
-            recent = sum(self.recent_returns) / len(self.recent_returns) if self.recent_returns else float("nan")
-            progress.update(self.global_step, row["sps"], recent)
+            progress.update(self.global_step, row["sps"], self.recent_return())
             # Rank 0 decides for every rank (their clocks and signals may differ; a save is collective).
             due = cfg.checkpoint_minutes > 0 and time.monotonic() - self._last_ckpt_time >= 60 * cfg.checkpoint_minutes
             decision = self.dist.broadcast_int(2 * (stop.signum or 0) + int(due))
@@ -388,6 +397,11 @@ class Trainer:
                           f"{cfg.total_steps:,}; checkpoint saved in '{self.run_dir}'; resume with "
                           f"`phalanx train --resume {self.run_dir}`", stop.signum)
         return last_row
+
+    def recent_return(self) -> float | None:
+        """The mean episode return of the last updates that ended episodes (up to 10): what the progress shows
+        and the closing line says; None before the first episode ends."""
+        return sum(self.recent_returns) / len(self.recent_returns) if self.recent_returns else None
 
     def _kept(self) -> str:
         """What a run that ends on a fault leaves to resume from, as the end of its one line."""

@@ -1,0 +1,82 @@
+"""Readouts that do not mislead: what a return is (an agent's or a team's), no `nan` before the first episode,
+progress that never passes its total, a closing line with the run's own time and speed, the checkpoint `eval`
+played, and `compare` writing beside the runs it compares."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from phalanx.cli import main
+
+TINY = ["--num-epochs", "1", "--num-minibatches", "1", "--tensorboard", "false", "--torch-threads", "1"]
+
+
+def _train(tmp_path, capsys, *args: str) -> tuple[list[str], list[str]]:
+    assert main(["train", *TINY, *args]) == 0
+    out = capsys.readouterr()
+    return out.out.splitlines(), out.err.splitlines()
+
+
+def test_progress_counts_whole_updates_and_never_passes_its_total(tmp_path, capsys):
+    """total_steps 200 with 64-step updates ran to step 256 while the progress said `256/200`."""
+    out, err = _train(tmp_path, capsys, "--num-envs", "4", "--num-steps", "16", "--total-steps", "200",
+                      "--run-dir", str(tmp_path / "r"))
+    steps = [tuple(int(x.replace(",", "")) for x in m.groups()) for line in err
+             if (m := re.match(r"step\s+([\d,]+)/([\d,]+)", line))]
+    assert steps and all(done <= total == 256 for done, total in steps) and steps[-1] == (256, 256)
+    assert "total_steps 200 rounds up to whole updates: 4 of 64 steps, 256 steps" in err
+
+
+def test_no_nan_return_before_the_first_episode_ends_and_the_closing_line_agrees(tmp_path, capsys):
+    """Two steps an update: no cartpole episode ends in the first ones, where the progress said `return nan`.
+    The closing line gives the return the progress showed last, the run's time and its average speed (it gave the
+    last update's return and steps/s)."""
+    out, err = _train(tmp_path, capsys, "--num-envs", "2", "--num-steps", "2", "--total-steps", "120",
+                      "--run-dir", str(tmp_path / "r"))
+    progress = [line for line in err if line.startswith("step ")]
+    assert progress[0].endswith("return (no episode ended yet)")
+    assert not any(re.search(r"\bnan\b", line) for line in err + out)
+    last = float(re.search(r"return (-?[\d.]+)$", progress[-1]).group(1))
+    closing = next(line for line in out if line.startswith("training return"))
+    assert closing.startswith(f"training return: {last:.2f} (mean of the last updates' episodes")
+    trained = next(line for line in out if line.startswith("trained:"))
+    assert re.fullmatch(r"trained: +to step 120 in [\d.]+ s \([\d,]+ steps/s on average\)", trained), trained
+
+
+def test_a_multi_agent_run_says_its_returns_are_per_agent_and_eval_says_which_is_the_teams(tmp_path, capsys):
+    run = tmp_path / "r"
+    out, err = _train(tmp_path, capsys, "--env", "bucket_brigade", "--num-envs", "4", "--num-steps", "64",
+                      "--total-steps", "512", "--run-dir", str(run))
+    assert all("return per agent" in line for line in err if line.startswith("step "))
+    assert any(line.startswith("training return per agent: ") for line in out)
+    assert main(["eval", str(run), "--episodes", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "checkpoint of step 512 in " + str(run) in text.splitlines()[0]
+    assert "mean team return" in text and "mean return per agent" in text and "mean_agent_return" not in text
+
+
+def test_eval_names_the_checkpoint_it_played(tmp_path, capsys):
+    run = tmp_path / "r"
+    _train(tmp_path, capsys, "--num-envs", "4", "--num-steps", "16", "--total-steps", "128", "--checkpoint-every", "64",
+           "--run-dir", str(run), "--progress", "false")
+    assert main(["eval", str(run), "--episodes", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["checkpoint_step"] == 128
+    assert main(["eval", str(run), "--episodes", "2", "--vs", "random"]) == 0
+    assert f"checkpoint of step 128 in {run}" in capsys.readouterr().out.splitlines()[0]
+
+
+def test_compare_writes_beside_the_runs_not_into_the_current_directory(tmp_path, capsys, monkeypatch):
+    folder = tmp_path / "seeds"
+    for seed in (1, 2):
+        _train(tmp_path, capsys, "--num-envs", "4", "--num-steps", "16", "--total-steps", "128", "--seed", str(seed),
+               "--eval-episodes", "2", "--run-dir", str(folder / f"s{seed}"), "--progress", "false")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["compare", str(folder)]) == 0
+    capsys.readouterr()
+    assert sorted(p.name for p in (folder / "compare").iterdir()) == ["compare.json", "compare.md", "curves.png"]
+    assert main(["compare", str(folder / "s1"), str(folder / "s2"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["markdown"] == str(folder / "compare" / "compare.md")
+    assert list(elsewhere.iterdir()) == []
