@@ -45,3 +45,21 @@ def test_openmp_threads_wait_passively_unless_the_user_says_otherwise():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**env, "OMP_WAIT_POLICY": "ACTIVE"},
                          check=True)
     assert out.stdout.strip() == "ACTIVE"
+
+
+def test_the_initial_weights_do_not_depend_on_the_threads_in_effect_before_the_run(tmp_path):
+    """The count is applied before the model is built: an orthogonal init's QR rounds differently on other thread
+    counts, so building first made two runs of one config in one process start apart (found when the env copy
+    that measures memory moved the model's construction ahead of the thread choice)."""
+    weights = []
+    before = torch.get_num_threads()
+    try:
+        for i, threads in enumerate((2, 1)):
+            torch.set_num_threads(threads)
+            t = Trainer(resolve(dict(env="cartpole", num_envs=4, num_steps=8, torch_threads=1, progress=False,
+                                     tensorboard=False, hidden_sizes=[256, 256], run_dir=str(tmp_path / str(i)))))
+            weights.append([p.detach().clone() for p in t.model.parameters()])
+            t.close()
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(a, b) for a, b in zip(*weights))

@@ -146,6 +146,12 @@ class Trainer:
                         **cfg.env_options)
         check_env(self.env, quick=True)
         check_model(cfg, self.env)
+        # Before the model: its initial weights (an orthogonal init's QR) round differently on other thread counts.
+        threads, why = runs.choose_threads(cfg.torch_threads, self.device, cfg.num_envs * self.env.num_agents,
+                                           self.dist.local_world)
+        torch.set_num_threads(threads)
+        if cfg.progress and self.main:
+            print(f"torch threads: {threads} ({why})", file=sys.stderr, flush=True)
         with torch.random.fork_rng(devices=[]):  # the model's initial weights follow the seed; the global RNG waits
             torch.manual_seed(cfg.seed)
             self.model = build_model(cfg, self.env).to(self.device)
@@ -155,10 +161,6 @@ class Trainer:
             self.env = make(cfg.env, num_envs=cfg.num_envs, device=self.device, seed=self.env_seed, **cfg.env_options)
             check_env(self.env, quick=True)  # the rollout's reset(seed) starts the env afresh after it
         self.N, self.A = self.env.num_envs, self.env.num_agents
-        threads, why = runs.choose_threads(cfg.torch_threads, self.device, self.N * self.A, self.dist.local_world)
-        torch.set_num_threads(threads)
-        if cfg.progress and self.main:
-            print(f"torch threads: {threads} ({why})", file=sys.stderr, flush=True)
         slots = parse_teammates(cfg.teammates, self.env)
         if cfg.opponents:
             if cfg.teammates:
