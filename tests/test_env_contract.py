@@ -19,6 +19,12 @@ def test_every_builtin_env_keeps_the_contract(name):
     check_env(make(name, num_envs=3, seed=0), steps=24)
 
 
+def test_trial_nav_keeps_the_contract_across_episode_ends():
+    """Its episodes are up to 3 trials long: 24 steps end none. At the episode's end the wrapper flagged the slots
+    parked since their own end `terminated` again (`phalanx check-env trial_nav --steps 300` failed at step 223)."""
+    check_env(make("trial_nav", num_envs=4, seed=7), steps=300, seed=7)
+
+
 @pytest.mark.parametrize("name", sorted(ce.BROKEN))
 def test_check_env_names_the_broken_rule_in_one_line(name):
     cls, message = ce.BROKEN[name]

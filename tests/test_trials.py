@@ -39,13 +39,15 @@ def _run_episodes(env, choose, max_steps=None):
     done_once = torch.zeros(n, dtype=torch.bool)
     records = [rec]
     for _ in range(max_steps or K * L):
+        last_trial = env.trial == K - 1
         rec = env.step(choose(env, rec, gen))
         records.append(rec)
-        ended = rec.trial_end[:, 0] & rec.terminated[:, 0] & ~done_once  # the episode end
+        # The episode end: the last trial's end (a slot parked by then is not flagged again).
+        ended = rec.trial_end[:, 0] & last_trial & ~done_once
         for k, v in rec.info.items():
             first.setdefault(k, torch.zeros(n))
             first[k] = torch.where(ended, v, first[k])
-        done_once |= rec.trial_end[:, 0] & rec.terminated[:, 0]
+        done_once |= rec.trial_end[:, 0] & last_trial
     assert bool(done_once.all())
     return first, records
 
@@ -126,8 +128,9 @@ def test_every_trial_replays_the_same_world():
 
     note(rec)
     for _ in range(K * L):
+        last_trial = env.trial == K - 1
         rec = env.step(torch.randint(0, 5, (n, 2), generator=gen))
-        episode += rec.terminated[:, 0].long()
+        episode += (rec.trial_end[:, 0] & last_trial).long()
         note(rec)
     assert bool((episode >= 1).all())
     for i in range(n):
@@ -222,10 +225,11 @@ def test_oracle_metrics():
     assert bool((info["goal_reached"] == 1).all()) and bool((info["trials_completed"] == K).all())
     assert bool((info["timed_out"] == 0).all())
     assert torch.equal(info["mean_trial_length"], arrival + 1)  # + the acknowledge step
-    # The episode ends at the end of the k-th trial: terminated for every slot, with trial_end.
-    for rec in records[1:]:
+    # The episode ends at the end of the k-th trial: terminated for every slot active before the step (the env
+    # contract: a parked slot was flagged on its own last step, and is not again), with trial_end.
+    for prev, rec in zip(records, records[1:]):
         ends = rec.trial_end[:, 0] & rec.terminated.any(1)
-        assert bool(rec.terminated[ends].all())
+        assert torch.equal(rec.terminated[ends], prev.active[ends])
         # Before that, terminated only marks an ego's last active step in the last trial (its
         # acknowledge step: unpaid, then parked).
         early = rec.terminated & ~rec.trial_end
@@ -247,9 +251,9 @@ def test_terminated_only_in_the_last_trial():
         mid = f & (trial < K - 1)
         assert not bool(rec.terminated[mid].any())
         fin = f & (trial == K - 1)
-        # An ego finishing the last trial is flagged on its acknowledge step (its last active step);
-        # every slot is flagged when the trial, and so the episode, ends.
-        want = (dist + 1 == s.unsqueeze(1)) | (last == s).unsqueeze(1)
+        # An ego finishing the last trial is flagged on its acknowledge step (its last active step), and not
+        # again when the trial, and so the episode, ends (it is parked by then: the env contract).
+        want = dist + 1 == s.unsqueeze(1)
         assert torch.equal(rec.terminated[fin], want[fin])
         assert torch.equal(rec.trial_end[f, 0], (last == s)[f])
         seen_early |= bool((rec.terminated & ~rec.trial_end)[f].any())

@@ -26,12 +26,14 @@ Flags the wrapper returns (every tensor [N, A], one per learner slot):
   next trial. In the k-th (last) trial its finishing step is its last active step of the episode,
   so it is flagged `terminated` there, as StepRecord asks of a slot's own end (no bootstrap from
   the parked observation, whose value is never trained; its agent episode is counted with its
-  return), and flagged again, inactive, with every slot when the trial ends.
+  return), and not again when the trial ends (flags describe the slots active before a step: the env
+  contract; `phalanx check-env trial_nav --steps 300` once failed on it).
 * the trial ends when every slot is parked, or when `max_trial_steps` (L) steps have passed; then
   `trial_end` is True for every slot, `final_obs` / `final_state` hold the last observation of the
   trial, and `obs` is the first observation of the next trial (the same world again, every slot
   active).
-* at the end of the k-th trial `trial_end` and `terminated` are True for every slot (the episode
+* at the end of the k-th trial `trial_end` is True for every slot and `terminated` for every slot active
+  before the step (the episode
   has a fixed horizon of at most k * L steps and the observation carries the trial index and the
   time in the trial, so this is a true termination, not a truncation); a new episode seed is drawn.
   `truncated` is always False.
@@ -245,7 +247,7 @@ class MultiTrialEnv(VecEnv):
         self.length_sum = torch.where(episode_end, 0.0, self.length_sum)
         obs, state = self._augment(*current)
         return StepRecord(
-            obs=obs, reward=reward, terminated=ee1 | (was_ack & last_trial.unsqueeze(1)),
+            obs=obs, reward=reward, terminated=(ee1 & prev_active) | (was_ack & last_trial.unsqueeze(1)),
             truncated=torch.zeros(n, a, dtype=torch.bool, device=dev), active=self.active.clone(),
             trial_end=te1.expand(n, a).contiguous(), final_obs=final_obs, state=state, final_state=final_state,
             info=info,
