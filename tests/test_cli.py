@@ -278,3 +278,16 @@ def test_resume_applies_the_same_rules_to_config_files_as_to_flags(tmp_path, cap
         assert (run / "config.json").read_text() == saved
     assert main(["train", "--resume", str(run), "--config", str(same), "--progress", "false"]) == 0
     assert json.loads((run / "config.json").read_text())["total_steps"] == 192
+
+
+def test_resume_types_env_options_against_the_runs_own_env(tmp_path, capsys):
+    """`--resume RUN --scenario hard` on a bucket_brigade run was checked against cartpole's options (the schema's
+    default env) and refused as unknown; now the run's own env names them, and a change is refused as a change."""
+    run = tmp_path / "r"
+    assert main(["train", "--env", "bucket_brigade", "--scenario", "hard", "--num-envs", "2", "--num-steps", "32",
+                 "--total-steps", "64", "--progress", "false", "--tensorboard", "false", "--run-dir", str(run)]) == 0
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run), "--scenario", "easy"]) == 2
+    assert "config key 'env_options' cannot change on resume" in capsys.readouterr().err
+    assert main(["train", "--resume", str(run), "--scenario", "hard", "--total-steps", "128", "--progress", "false"]) == 0
+    assert json.loads((run / "config.json").read_text())["total_steps"] == 128

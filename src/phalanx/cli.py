@@ -126,7 +126,9 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     overrides = {k: v for k, v in vars(args).items() if k in FIELDS and v is not None}
     env_opts = _parse_env_options(extra)
     layers: dict[str, Any] = load_file(args.config) if args.config else {}
-    env_name = overrides.get("env", layers.get("env", "cartpole"))
+    env_name = overrides.get("env", layers.get("env"))
+    if env_name is None:  # env options are typed against the env they are for: a resumed run's own
+        env_name = ckpt.load_run_config(Path(args.resume)).env if args.resume and extra else FIELDS["env"].default
     if env_opts:
         overrides["env_options"] = {**layers.get("env_options", {}), **typed_env_options(env_name, env_opts)}
     if args.print_config:
