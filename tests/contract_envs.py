@@ -6,6 +6,8 @@ be shown to refuse it with one line.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from phalanx.envs import Box, Discrete, StepRecord, VecEnv, generator_state, set_generator_state
@@ -259,6 +261,58 @@ def raises_mid_run(num_envs: int = 4, device: torch.device | str = "cpu", seed: 
     return RaisesMidRun(num_envs, device, seed, crash_at)
 
 
+class Stacked(VecEnv):
+    """GoodEnv's observations as a stack of the last 3 on each slot's first axis (frame_stack = 3), oldest first;
+    3 copies of the first observation where an episode starts."""
+
+    name = "good"
+    num_agents = 2
+    role_names = ("a", "b")
+    frame_stack = 3
+    observation_space = Box.uniform(-1.0, 1.0, (3, 2))
+    action_space = Discrete(3)
+    state_space = Box.uniform(0.0, 1.0, (2,))
+
+    def __init__(self, num_envs: int = 4, device: torch.device | str = "cpu", seed: int | None = 0):
+        self.inner = GoodEnv(num_envs, device, seed)
+        self.num_envs, self.device, self.roles, self.gen = num_envs, self.inner.device, self.inner.roles, self.inner.gen
+        self.stack = torch.zeros(num_envs, 2, 3, 2, device=self.device)
+
+    def starts(self, frame: torch.Tensor) -> torch.Tensor:
+        return frame.unsqueeze(2).expand(-1, -1, 3, -1)
+
+    def reset(self, seed: int | None = None) -> StepRecord:
+        rec = self.inner.reset(seed)
+        self.stack = self.starts(rec.obs).clone()
+        return dataclasses.replace(rec, obs=self.stack.clone(), final_obs=self.stack.clone())
+
+    def step(self, actions: torch.Tensor) -> StepRecord:
+        rec = self.inner.step(actions)
+        final = self.moved(self.stack, rec.final_obs)
+        fresh = rec.terminated | rec.truncated
+        self.stack = torch.where(fresh[..., None, None], self.starts(rec.obs), final)
+        return dataclasses.replace(rec, obs=self.stack.clone(), final_obs=final)
+
+    def moved(self, stack: torch.Tensor, frame: torch.Tensor) -> torch.Tensor:
+        return torch.cat([stack[:, :, 1:], frame.unsqueeze(2)], 2)
+
+    def step_state(self) -> dict[str, torch.Tensor]:
+        return {"stack": self.stack, **{f"inner.{k}": v for k, v in self.inner.step_state().items()}}
+
+    def load_step_state(self, state: dict[str, torch.Tensor]) -> None:
+        self.stack = state["stack"]
+        self.inner.load_step_state({k[6:]: v for k, v in state.items() if k.startswith("inner.")})
+
+
+class StackNotMoved(Stacked):
+    def moved(self, stack, frame):
+        return self.starts(frame)  # copies of the newest frame every step: nothing moves
+
+
+class StackFirstAxisWrong(Stacked):
+    observation_space = Box.uniform(-1.0, 1.0, (2, 3))
+
+
 # (env class, what the one-line message says)
 BROKEN = {
     "reward_per_env": (RewardPerEnv, "step() record.reward must have shape [4, 2]; got [4]"),
@@ -284,6 +338,10 @@ BROKEN = {
     "done_at_reset": (DoneAtReset, "reset() record.terminated / truncated must be all False"),
     "role_out_of_range": (RoleOutOfRange, "roles must index role_names (0..1); got [0, 2]"),
     "obs_on_another_device": (ObsOnAnotherDevice, "reset() record.obs must be on cpu; got meta"),
+    "stack_not_moved": (StackNotMoved, "step() record.obs breaks frame_stack = 3 at step 0 (env 0, slot 0): a stack "
+                                       "that goes on must drop its oldest frame and append one new frame"),
+    "stack_first_axis_wrong": (StackFirstAxisWrong, "frame_stack = 3 needs observations [3, *frame] per slot (the stack "
+                                                    "first); observation_space has shape [2, 3]"),
 }
 
 # Plugin factories of the broken envs (`--env tests.contract_envs:<name>`).

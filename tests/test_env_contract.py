@@ -12,6 +12,7 @@ from tests import contract_envs as ce
 
 def test_a_contract_keeping_env_passes():
     check_env(ce.GoodEnv(4))
+    check_env(ce.Stacked(4), steps=40)  # frame_stack: its stacks move and restart by the rule
 
 
 @pytest.mark.parametrize("name", sorted(registered()))

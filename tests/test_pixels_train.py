@@ -9,9 +9,11 @@ import phalanx
 from phalanx import runs
 from phalanx.cli import main
 from phalanx.config import resolve
+from phalanx.envs import make
 from phalanx.errors import ConfigError
+from phalanx.models.registry import build_model
 from phalanx.rollout import buffer_bytes, buffer_specs
-from phalanx.trainer import Trainer
+from phalanx.trainer import Trainer, ppo_batch
 
 TINY = dict(env="pixel_goal", num_envs=4, num_steps=8, num_epochs=1, num_minibatches=2, cnn_channels=[4, 8, 8],
             cnn_dense=32, progress=False, tensorboard=False)
@@ -20,11 +22,11 @@ TINY = dict(env="pixel_goal", num_envs=4, num_steps=8, num_epochs=1, num_minibat
 def test_uint8_buffers_and_memory_estimate(tmp_path):
     t = Trainer(resolve(dict(TINY, run_dir=str(tmp_path / "r"))))
     try:
-        obs = t.rollout.buf["obs"]
-        assert obs.dtype == torch.uint8 and obs.shape == (8, 4, 1, 4, 72, 80)
+        frames = t.rollout.buf["frames"]  # a 4-frame stack: each frame stored once, 8 steps + 3 older frames
+        assert "obs" not in t.rollout.buf and frames.dtype == torch.uint8 and frames.shape == (8 + 3, 4, 1, 72, 80)
         assert buffer_bytes(buffer_specs(t.cfg, t.env, t.model)) == sum(b.numel() * b.element_size() for b in t.rollout.buf.values())
         stats = t.collect()
-        assert t.rollout.buf["obs"].dtype == torch.uint8 and int(t.rollout.buf["obs"].max()) <= 3 and int(t.rollout.buf["obs"].max()) > 0
+        assert int(t.rollout.buf["frames"].max()) <= 3 and int(t.rollout.buf["frames"].max()) > 0
         assert torch.isfinite(stats["ep_return_sum"])
         before = [p.detach().clone() for p in t.model.parameters()]
         metrics = t.update()
@@ -85,3 +87,60 @@ def test_record_a_gym_env_from_the_command_line(tmp_path, monkeypatch):
 
     with Image.open(gif) as im:
         assert im.n_frames > 10 and im.size == (500, 500)
+
+
+def _observed_and_rebuilt(t: Trainer, collects: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The observations the rollout acted on over its last collect, as the env returned them and as the update
+    gathers them from the frames stored once; and how many stacks restarted."""
+    seen, step = [], t.env.step
+
+    def recording(actions):
+        rec = step(actions)
+        seen.append(rec.obs.clone())
+        return rec
+
+    t.env.step = recording
+    for _ in range(collects):
+        first = t.rollout.record.obs.clone()
+        seen.clear()
+        t.collect()
+    adv, ret, trained = t.rollout.advantages()
+    batch = ppo_batch(t.rollout.buf, adv, ret, t.rollout.buf["values"], trained, False, None)
+    rebuilt = batch.index(torch.arange(len(batch)))  # through index, as a minibatch is
+    return torch.stack([first, *seen[:-1]]).flatten(0, 1), rebuilt.obs, int(t.rollout.buf["stack_restarts"].sum())
+
+
+@pytest.mark.parametrize("captured", [False, True])
+def test_frames_stored_once_rebuild_the_observations_bit_for_bit(tmp_path, captured):
+    """Stacks that go on, start afresh at episode ends (a 7-step time limit truncates: auto-resets; the goal
+    terminates some) and carry over from one collect to the next, eagerly and in the captured step."""
+    cfg = dict(TINY, num_steps=24, env_options={"max_steps": 7, "k": 1})
+    t = Trainer(resolve(dict(cfg, run_dir=str(tmp_path / "r"))))
+    try:
+        observed, rebuilt, restarts = _observed_and_rebuilt(t, collects=2)
+        assert restarts >= 4 * 3 and rebuilt.dtype == torch.uint8
+        assert torch.equal(observed, rebuilt)
+        if captured:  # the same draws replayed in the captured step (its env cannot be watched from inside)
+            c = Trainer(resolve(dict(cfg, run_dir=str(tmp_path / "c"))))
+            try:
+                c.rollout.capture(backend="aot_eager")
+                c.collect()
+                c.collect()
+                adv, ret, trained = c.rollout.advantages()
+                batch = ppo_batch(c.rollout.buf, adv, ret, c.rollout.buf["values"], trained, False, None)
+                assert torch.equal(batch.index(torch.arange(len(batch))).obs, observed)
+            finally:
+                c.close()
+    finally:
+        t.close()
+
+
+def test_the_stored_frames_take_a_quarter_of_the_stacks_bytes(tmp_path):
+    """The buffer check's own figure at pixel_goal's default config: each 4-frame observation was stored whole."""
+    cfg = resolve(dict(env="pixel_goal", num_envs=65_536, total_steps=10**12, run_dir=str(tmp_path / "r")))
+    env = make("pixel_goal", num_envs=4)
+    model = build_model(cfg, env)
+    frames = buffer_bytes(buffer_specs(cfg, env, model, cfg.num_envs))
+    whole = cfg.num_steps * cfg.num_envs * 4 * 72 * 80  # the uint8 stacks alone, as stored before
+    rest = frames - (cfg.num_steps + 3) * cfg.num_envs * 72 * 80
+    assert frames <= (whole + rest) / 3.5 and frames / 2**20 <= 52_000

@@ -63,3 +63,23 @@ class EpisodeCounters:
 def env_ended(done: torch.Tensor, prev_active: torch.Tensor) -> torch.Tensor:
     """[N] bool: the env's episode ended at this step (every slot done or already inactive)."""
     return (done | ~prev_active).all(-1)
+
+
+def stack_restarts(done: torch.Tensor, trial_end: torch.Tensor, prev_active: torch.Tensor) -> torch.Tensor:
+    """[N, A] bool: where a frame-stacked observation (VecEnv.frame_stack) starts afresh after this step: the
+    slot's episode or trial ended, or its env's episode did."""
+    return done | trial_end | env_ended(done, prev_active).unsqueeze(-1)
+
+
+def frame_rows(restarts: torch.Tensor, stack: int) -> torch.Tensor:
+    """The frames each stored observation is made of, for a rollout that keeps each frame once: frames row
+    r (of T + stack - 1) holds, for r >= stack - 1, the newest frame of step r - stack + 1's observation, and
+    rows 0..stack-2 the older frames of step 0's. `restarts` [T, N, A] (stack_restarts after each step) ->
+    rows [T, N, A, stack], oldest first: step t's frame j is row t + j, but never one before the newest
+    frame of the observation its stack started from (that start's copies)."""
+    T = restarts.shape[0]
+    t = torch.arange(T, device=restarts.device).view(T, *[1] * (restarts.dim() - 1))
+    fresh = torch.zeros_like(restarts)
+    fresh[1:] = restarts[:-1]  # the observation of step t starts afresh where step t - 1 ended its stack
+    start = torch.where(fresh, t + stack - 1, 0).cummax(0).values
+    return torch.maximum(t.unsqueeze(-1) + torch.arange(stack, device=restarts.device), start.unsqueeze(-1))

@@ -20,7 +20,7 @@ from phalanx.config import Config
 from phalanx.draws import Draws
 from phalanx.envs.base import StepRecord, VecEnv
 from phalanx.envs.spaces import Box
-from phalanx.episodes import EpisodeCounters, env_ended
+from phalanx.episodes import EpisodeCounters, env_ended, frame_rows, stack_restarts
 from phalanx.errors import ConfigError
 from phalanx.graphs import check_graphs, fold, own_memory, warm_stream
 from phalanx.league import League
@@ -40,8 +40,15 @@ def buffer_specs(cfg: Config, env: VecEnv, model: ActorCritic,
     T, N, A = cfg.num_steps, num_envs or env.num_envs, env.num_agents
     space = env.action_space
     act_dtype = torch.float32 if isinstance(space, Box) else torch.long
-    obs = ((T, N, A, *env.observation_space.shape), torch.uint8) if model.obs_is_image else ((T, N, A, obs_dim_of(env)), torch.float32)
-    specs = {"obs": obs, "actions": ((T, N, A, *space.shape), act_dtype)}
+    stack = stored_stack(env, model)
+    if stack:  # each frame once, the stacks rebuilt by index (episodes.frame_rows)
+        frame = env.observation_space.shape[1:]
+        specs = {"frames": ((T + stack - 1, N, A, *frame), torch.uint8), "stack_restarts": ((T, N, A), torch.bool)}
+    elif model.obs_is_image:
+        specs = {"obs": ((T, N, A, *env.observation_space.shape), torch.uint8)}
+    else:
+        specs = {"obs": ((T, N, A, obs_dim_of(env)), torch.float32)}
+    specs["actions"] = ((T, N, A, *space.shape), act_dtype)
     for k in ("logprobs", "values", "next_values", "rewards"):
         specs[k] = ((T, N, A), torch.float32)
     for k in ("terminated", "truncated", "active", "trial_end"):
@@ -51,6 +58,22 @@ def buffer_specs(cfg: Config, env: VecEnv, model: ActorCritic,
     if model.centralized:
         specs["states"] = ((T, N, state_dim_of(env)), torch.float32)
     return specs
+
+
+def stored_stack(env: VecEnv, model: ActorCritic) -> int:
+    """The frames of a stacked pixel observation (VecEnv.frame_stack) where the rollout stores each frame once
+    (a feed-forward pixel model: the sequence replay of a memory model reads whole observations), else 0."""
+    return env.frame_stack if env.frame_stack > 1 and model.obs_is_image and not model.recurrent else 0
+
+
+def frame_index(frames: torch.Tensor, restarts: torch.Tensor) -> torch.Tensor:
+    """[T, N, A, S] indices into `frames.flatten(0, 2)` ([T + S - 1, N, A, *frame] as the rollout stores them)
+    of the frames of every stored observation, oldest first (episodes.frame_rows)."""
+    T, N, A = restarts.shape
+    rows = frame_rows(restarts, frames.shape[0] - T + 1)
+    env = torch.arange(N, device=rows.device).view(1, N, 1, 1)
+    slot = torch.arange(A, device=rows.device).view(1, 1, A, 1)
+    return (rows * N + env) * A + slot
 
 
 def buffer_bytes(specs: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> int:
@@ -101,6 +124,7 @@ class Rollout:
         self.N, self.A = env.num_envs, env.num_agents
         # Sized before the env was built (rollout.run_bytes, checked by the trainer).
         self.buf = {k: torch.zeros(shape, dtype=dt, device=self.device) for k, (shape, dt) in buffer_specs(cfg, env, model).items()}
+        self.frame_stack = stored_stack(env, model)
         # Every buffer's rows as views, made once: an eager step's write is one copy, not an index and a copy.
         self._rows = {k: v.unbind(0) for k, v in self.buf.items()}
         self.record = env.reset(seed=seed)
@@ -294,6 +318,8 @@ class Rollout:
         for name in ("terminated", "truncated", "trial_end"):
             b[name].zero_()
         b["active"].copy_(self._learner_rows)
+        if self.frame_stack:  # the older frames of the first observation; each step stores its newest
+            b["frames"][: self.frame_stack - 1].copy_(self.record.obs.movedim(2, 0)[: self.frame_stack - 1])
         self.segment_start = self.memory.clone()
         if self.league is not None and self._graph is not None and self._graph_layout != self.league.layout:
             self._graph, self._warm_steps = None, 0  # the league's bank grew: record the step again
@@ -437,7 +463,10 @@ class Rollout:
             with self.timer.phase("opponents"):
                 action = self.league.fill(action, rec, self.draws)
         acting = self._learner_rows if rec.quiet else rec.active & learner
-        self._write("obs", t, obs_n)
+        if self.frame_stack:
+            self._write_frame(t, obs_n[:, :, -1])
+        else:
+            self._write("obs", t, obs_n)
         if "states" in self.buf:
             self._write("states", t, rec.state.reshape(self.N, -1))
         self._write("actions", t, action)
@@ -464,6 +493,8 @@ class Rollout:
         elif not rec.quiet:  # filled in after the loop where not truncated (see _collect), so always when quiet
             self._write("next_values", t, self.final_values(rec, self._no_value))
         self.prev_done = done
+        if self.frame_stack:
+            self._write("stack_restarts", t, stack_restarts(done, rec.trial_end, prev_active))
         counters.add(reward, None if prev_quiet else prev_active)  # after a quiet record every slot acted
         # The league counts every step; the rest only matters where a slot is done (or a slot left, so an
         # env's episode may have ended): never after two quiet records (every slot active before, none done).
@@ -515,6 +546,13 @@ class Rollout:
         else:  # a tensor row index: one graph for every row (an int would be specialised per row)
             buf = self.buf[name]
             buf.index_copy_(0, t, x.to(buf.dtype).unsqueeze(0))
+
+    def _write_frame(self, t: int | torch.Tensor, frame: torch.Tensor) -> None:
+        """The newest frame of step t's observation, in frames row t + S - 1 (see `frame_index`)."""
+        if isinstance(t, int):
+            self._rows["frames"][t + self.frame_stack - 1].copy_(frame)
+        else:
+            self.buf["frames"].index_copy_(0, t + (self.frame_stack - 1), frame.unsqueeze(0))
 
     def _checked(self, rec: StepRecord, t: int | torch.Tensor, stats: dict[str, torch.Tensor]) -> StepRecord:
         """The env boundary: count NaN / infinite observations, states and rewards on the device

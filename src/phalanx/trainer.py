@@ -52,7 +52,7 @@ from phalanx.logs import Progress, RunLog, summary_row
 from phalanx.models.registry import build_model, check_model, obs_dim_of
 from phalanx.policy import Policy
 from phalanx.profile import PhaseTimer
-from phalanx.rollout import Rollout, run_bytes
+from phalanx.rollout import Rollout, frame_index, run_bytes
 from phalanx.slots import Teammates, opponent_slots, parse_teammates
 
 PROBE_ENVS = 4  # envs of the copy an env is checked and measured on before the full one is built
@@ -96,11 +96,12 @@ def ppo_batch(buf: dict[str, torch.Tensor], advantages: torch.Tensor, returns: t
             env_active=seg(buf["env_active"]),
         )
     flat = lambda x: (x if slots is None else x.index_select(2, slots)).flatten(0, 1)  # noqa: E731
-    obs = flat(buf["obs"])
+    stored = "frames" in buf  # stacked pixels kept once: the samples index them, minibatches gather them
+    obs = flat(frame_index(buf["frames"], buf["stack_restarts"]) if stored else buf["obs"])
     return PPOBatch(
         obs=obs, critic_obs=flat(buf["states"]) if "states" in buf else obs, actions=flat(buf["actions"]),
         logprobs=flat(buf["logprobs"]), advantages=flat(advantages), returns=flat(returns), values=flat(values),
-        mask=flat(mask),
+        mask=flat(mask), frames=buf["frames"].flatten(0, 2) if stored else None,
     )
 
 

@@ -50,6 +50,9 @@ class PPOBatch:
     rows: torch.Tensor | None = None
     resets: torch.Tensor | None = None
     env_active: torch.Tensor | None = None
+    # Stacked pixels stored once (rollout.frame_index): `obs` holds each sample's indices into `frames`
+    # [R, *frame] ([B, A, S]); `index` gathers the stacks of a minibatch.
+    frames: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.logprobs.shape[0]
@@ -58,7 +61,7 @@ class PPOBatch:
         """The batch's tensors by field name; fields that are None are left out."""
         out = {"obs": self.obs, "critic_obs": self.critic_obs, "actions": self.actions, "logprobs": self.logprobs,
                "advantages": self.advantages, "returns": self.returns, "values": self.values, "mask": self.mask,
-               "rows": self.rows, "resets": self.resets, "env_active": self.env_active}
+               "rows": self.rows, "resets": self.resets, "env_active": self.env_active, "frames": self.frames}
         return {k: v for k, v in out.items() if v is not None}
 
     def index(self, idx: torch.Tensor) -> PPOBatch:
@@ -70,6 +73,8 @@ class PPOBatch:
             return t.index_select(0, idx)
 
         obs = pick(self.obs)
+        if self.frames is not None:
+            obs = self.frames[obs]
         critic_obs = obs if self.critic_obs is self.obs else pick(self.critic_obs)
         return PPOBatch(obs, critic_obs, *(pick(t) for t in (
             self.actions, self.logprobs, self.advantages, self.returns, self.values,

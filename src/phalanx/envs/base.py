@@ -101,6 +101,12 @@ class VecEnv:
     restorable: bool = True
     # True where `render` draws frames (`phalanx eval --record`).
     renders: bool = False
+    # S > 1 where each slot's observation is a stack of S frames on its first axis, oldest first, that
+    # moves by one frame a step: where the slot's stack goes on (`episodes.stack_restarts` is False) the
+    # next observation is this one's last S - 1 frames and one new frame; where it starts afresh it holds
+    # S copies of its first frame. The rollout then stores each frame once (S times less memory for
+    # pixels); `phalanx check-env` checks the rule.
+    frame_stack: int = 0
 
     def reset(self, seed: int | None = None) -> StepRecord:
         raise NotImplementedError

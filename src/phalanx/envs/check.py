@@ -16,6 +16,7 @@ import torch
 from phalanx.draws import Draws
 from phalanx.envs.base import StepRecord, VecEnv, same_device
 from phalanx.envs.spaces import ActionError, Box, Discrete, MultiDiscrete
+from phalanx.episodes import stack_restarts
 from phalanx.errors import EnvContractError, one_line
 
 BOOL_FIELDS = ("terminated", "truncated", "active", "trial_end")
@@ -60,6 +61,28 @@ def check_attributes(env: VecEnv) -> None:
         raise _fail(env, f"roles must index role_names (0..{len(env.role_names) - 1}); got {roles.tolist()}")
     if env.capturable and env.rng is not None and not isinstance(env.rng, Draws):
         raise _fail(env, f"rng must be a phalanx.draws.Draws; got {type(env.rng).__name__}")
+    stack, shape = env.frame_stack, env.observation_space.shape
+    if not isinstance(stack, int) or isinstance(stack, bool) or stack < 0:
+        raise _fail(env, f"frame_stack must be an int >= 0 (0: no stack); got {stack!r}")
+    if stack > 1 and (len(shape) < 2 or shape[0] != stack):
+        raise _fail(env, f"frame_stack = {stack} needs observations [{stack}, *frame] per slot (the stack first); "
+                         f"observation_space has shape {list(shape)}")
+
+
+def _check_stack(env: VecEnv, prev: StepRecord, rec: StepRecord, t: int) -> None:
+    """VecEnv.frame_stack: where a slot's stack goes on it moves by one frame; where it starts afresh
+    (episodes.stack_restarts) it holds copies of its first frame."""
+    restart = stack_restarts(rec.terminated | rec.truncated, rec.trial_end, prev.active)
+    n, a = env.num_envs, env.num_agents
+    moved = (rec.obs[:, :, :-1] == prev.obs[:, :, 1:]).reshape(n, a, -1).all(-1)
+    fresh = (rec.obs == rec.obs[:, :, -1:]).reshape(n, a, -1).all(-1)
+    bad = torch.where(restart, ~fresh, ~moved)
+    if bool(bad.any()):
+        i, j = bad.nonzero()[0].tolist()
+        rule = (f"a stack that starts afresh (an episode or trial start) must hold {env.frame_stack} copies of its first "
+                "frame" if bool(restart[i, j]) else "a stack that goes on must drop its oldest frame and append one new "
+                "frame (obs[:, :, :-1] of this step = obs[:, :, 1:] of the last)")
+        raise _fail(env, f"step() record.obs breaks frame_stack = {env.frame_stack} at step {t} (env {i}, slot {j}): {rule}")
 
 
 def check_record(env: VecEnv, rec: object, where: str) -> StepRecord:
@@ -185,6 +208,8 @@ def check_env(env: VecEnv, steps: int = 64, seed: int = 7, quick: bool = False) 
             same_as_next = (rec.final_obs == rec.obs).reshape(env.num_envs, env.num_agents, -1).all(-1)
             ended_slots += int(ended_here.sum())
             ended_as_reset += int((ended_here & same_as_next).sum())
+        if env.frame_stack > 1:
+            _check_stack(env, prev, rec, t)
         idle = ~prev.active
         if bool((idle & (rec.reward != 0)).any()):
             raise _fail(env, f"step() record.reward must be 0 for slots that were inactive before the step (step {t})")

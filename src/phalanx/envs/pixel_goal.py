@@ -340,6 +340,7 @@ class PixelGoalEnv(VecEnv):
     name = "pixel_goal"
     renders = True
     capturable = True
+    frame_stack = STACK  # the observation is the last 4 steps' frames: the rollout stores each once
     num_agents = 1
     action_space = Discrete(len(ACTION_NAMES))
     observation_space = Box.uniform(0, SHADES - 1, (STACK, HEIGHT, WIDTH), dtype=torch.uint8)
