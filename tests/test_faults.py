@@ -2,6 +2,8 @@
 
 import json
 import math
+import re
+from dataclasses import replace
 
 import pytest
 import torch
@@ -15,6 +17,7 @@ from phalanx.cli import main
 from phalanx.config import FIELDS, resolve
 from phalanx.envs import make
 from phalanx.errors import CheckpointError, NonFiniteEnvError, PhalanxError
+from phalanx.models.registry import build_model
 from phalanx.rollout import run_bytes
 from phalanx.trainer import Trainer
 
@@ -291,8 +294,15 @@ def test_an_impossible_num_envs_is_refused_before_the_env_is_built(tmp_path, mon
     assert main(["train", "--num-envs", "100000000", "--total-steps", "1e10", "--run-dir", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("phalanx: error: the run needs about ") and "but cpu has 8,192 MiB free" in err
-    assert err.endswith("lower num_envs (100000000) or num_steps (64)")
+    most = int(re.search(r"lower num_envs \(100000000: at most ([\d,]+) fit with num_steps 64\) or num_steps$",
+                         err).group(1).replace(",", ""))
     assert max(made) <= trainer_module.PROBE_ENVS and not (tmp_path / "r").exists()
+    # The most that fit: its run fits in the 80% of free memory the check allows, one env more does not.
+    cfg = resolve(dict(env="cartpole", total_steps=10**10))
+    probe = make("cartpole", num_envs=4)
+    model = build_model(cfg, probe)
+    need = lambda n: sum(run_bytes(replace(cfg, num_envs=n), probe, probe.reset(seed=1), model).values())  # noqa: E731
+    assert need(most) <= 0.8 * (8 << 30) < need(most + 1)
 
 
 @pytest.mark.parametrize("over", [dict(env="cartpole"), dict(env="duel", model="lstm"), dict(env="bucket_brigade")])

@@ -38,7 +38,7 @@ def test_uint8_buffers_and_memory_estimate(tmp_path):
 
 def test_refuses_buffers_that_do_not_fit(tmp_path, monkeypatch):
     monkeypatch.setattr(runs, "free_memory_bytes", lambda device: 10 * 2**20)
-    with pytest.raises(ConfigError, match=r"lower num_envs \(64\) or num_steps \(128\)"):
+    with pytest.raises(ConfigError, match=r"lower num_envs \(64: at most 9 fit with num_steps 128\) or num_steps$"):
         Trainer(resolve(dict(TINY, num_envs=64, num_steps=128, run_dir=str(tmp_path / "r"))))
 
 

@@ -37,7 +37,7 @@ def buffer_specs(cfg: Config, env: VecEnv, model: ActorCritic,
                  num_envs: int | None = None) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """Name -> (shape, dtype) of every rollout buffer (for `num_envs` envs, else the env's); image observations
     stay uint8."""
-    T, N, A = cfg.num_steps, num_envs or env.num_envs, env.num_agents
+    T, N, A = cfg.num_steps, env.num_envs if num_envs is None else num_envs, env.num_agents
     space = env.action_space
     act_dtype = torch.float32 if isinstance(space, Box) else torch.long
     stack = stored_stack(env, model)
@@ -58,6 +58,13 @@ def buffer_specs(cfg: Config, env: VecEnv, model: ActorCritic,
     if model.centralized:
         specs["states"] = ((T, N, state_dim_of(env)), torch.float32)
     return specs
+
+
+def most_envs(cfg: Config, env: VecEnv, record: StepRecord, model: ActorCritic, budget: float) -> int:
+    """The largest num_envs whose `run_bytes` fit in `budget` bytes (they grow linearly with num_envs)."""
+    total = lambda n: sum(run_bytes(dataclasses.replace(cfg, num_envs=n), env, record, model).values())  # noqa: E731
+    fixed, per_env = total(0), total(1) - total(0)
+    return max(0, int((budget - fixed) // per_env)) if per_env > 0 else cfg.num_envs
 
 
 def stored_stack(env: VecEnv, model: ActorCritic) -> int:

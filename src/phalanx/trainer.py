@@ -32,7 +32,7 @@ from phalanx.algo import Adam, Normalizers, PPOBatch, PPOParams, compile_step, m
 from phalanx.config import Config, load_file, resolve
 from phalanx.distributed import Dist
 from phalanx.envs import make, registry
-from phalanx.envs.base import VecEnv, generator_state, set_generator_state
+from phalanx.envs.base import StepRecord, VecEnv, generator_state, set_generator_state
 from phalanx.envs.check import check_env
 from phalanx.errors import (
     CheckpointError,
@@ -52,7 +52,7 @@ from phalanx.logs import Progress, RunLog, summary_row
 from phalanx.models.registry import build_model, check_model, obs_dim_of
 from phalanx.policy import Policy
 from phalanx.profile import PhaseTimer
-from phalanx.rollout import Rollout, frame_index, run_bytes
+from phalanx.rollout import Rollout, frame_index, most_envs, run_bytes
 from phalanx.slots import Teammates, opponent_slots, parse_teammates
 
 PROBE_ENVS = 4  # envs of the copy an env is checked and measured on before the full one is built
@@ -156,7 +156,7 @@ class Trainer:
         with torch.random.fork_rng(devices=[]):  # the model's initial weights follow the seed; the global RNG waits
             torch.manual_seed(cfg.seed)
             self.model = build_model(cfg, self.env).to(self.device)
-        self._check_memory(run_bytes(cfg, self.env, self.env.reset(seed=self.env_seed), self.model))
+        self._check_memory(self.env.reset(seed=self.env_seed))
         if self.env.num_envs != cfg.num_envs:
             self.env.close()
             self.env = make(cfg.env, num_envs=cfg.num_envs, device=self.device, seed=self.env_seed, **cfg.env_options)
@@ -233,9 +233,12 @@ class Trainer:
                 self.lock.acquire()
         self.dist.barrier()
 
-    def _check_memory(self, need: dict[str, int]) -> None:
-        """Refuse a run whose envs, buffers and model (`rollout.run_bytes`) would take more than 80% of the
-        device's free memory; announce the rollout buffer's size."""
+    def _check_memory(self, record: StepRecord) -> None:
+        """Refuse a run whose envs, buffers and model (`rollout.run_bytes`, from the env copy `self.env` and a
+        record of it) would take more than 80% of the device's free memory, saying how many envs would fit;
+        announce the rollout buffer's size."""
+        cfg = self.cfg
+        need = run_bytes(cfg, self.env, record, self.model)
         free = runs.free_memory_bytes(self.device)
         if self.cfg.progress and self.main:
             print(f"rollout buffer: {need['rollout buffer'] / 2**20:,.1f} MiB on {self.device}"
@@ -243,9 +246,10 @@ class Trainer:
         total = sum(need.values())
         if free is not None and total > 0.8 * free:
             parts = ", ".join(f"{k} {v / 2**20:,.0f}" for k, v in need.items())
+            most = most_envs(cfg, self.env, record, self.model, 0.8 * free)
             raise ConfigError(f"the run needs about {total / 2**20:,.0f} MiB ({parts}) but {self.device} has "
-                              f"{free / 2**20:,.0f} MiB free; lower num_envs ({self.cfg.num_envs}) or num_steps "
-                              f"({self.cfg.num_steps})")
+                              f"{free / 2**20:,.0f} MiB free; lower num_envs ({cfg.num_envs}: at most {most:,} fit "
+                              f"with num_steps {cfg.num_steps}) or num_steps")
 
     def compile_update(self, backend: str = "inductor") -> None:
         """The minibatch update step captured whole (`compile_step`); `backend` for tests (aot_eager)."""
