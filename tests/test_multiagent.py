@@ -265,3 +265,30 @@ def test_memory_policy_resume_is_bit_identical(tmp_path, model):
     b = load_file(str(ckpt.latest_checkpoint(tmp_path / "part") / "model.safetensors"))
     for k in a:
         assert torch.equal(a[k], b[k]), k
+
+
+def test_a_per_world_critic_values_every_agent_in_one_pass(tmp_path):
+    """`mappo_values: per_world`: the state alone in, one output per agent (no id appended, one pass per world);
+    its values fit the returns as the per-agent critic's do (explained variance after a few updates)."""
+    world = make_trainer(tmp_path / "w", critic="mappo", mappo_values="per_world")
+    per_agent = make_trainer(tmp_path / "a", critic="mappo")
+    try:
+        assert world.model.critic[0].in_features == 5 and per_agent.model.critic[0].in_features == 5 + 3
+        s = torch.rand(7, 5)
+        v = world.model.value(s)
+        assert v.shape == (7, 3) and not torch.allclose(v[:, 0], v[:, 1])
+        fitted = {}
+        for name, tr in (("world", world), ("per_agent", per_agent)):
+            for _ in range(30):
+                tr.collect()
+                metrics = tr.update()
+            fitted[name] = float(metrics["explained_variance"])
+        assert fitted["world"] > 0.5 and fitted["world"] > fitted["per_agent"] - 0.2, fitted
+    finally:
+        world.close()
+        per_agent.close()
+    for bad, needle in ((dict(), "needs critic mappo; got critic ippo"),
+                        (dict(critic="mappo", param_sharing="per_role"), "param_sharing per_role"),
+                        (dict(critic="mappo", model="lstm"), "got model lstm")):
+        with pytest.raises(phalanx.errors.ConfigError, match=needle):
+            make_trainer(tmp_path / "x", mappo_values="per_world", **bad)

@@ -99,6 +99,11 @@ class Config:
     )
     critic: str = _f("ippo", "ippo: critic reads the agent's observation; mappo: the env's global state plus the agent id",
                      choices=("ippo", "mappo"))
+    mappo_values: str = _f(
+        "per_agent", "with critic mappo: per_agent values the state once per agent with its one-hot id appended; "
+        "per_world once per world, one output per agent (a pass per world, not per agent; mlp and role_attention)",
+        choices=("per_agent", "per_world"),
+    )
     team_reward: float = _f(
         0.0, "mix each agent's learning reward with the team's mean reward: (1-w)*own + w*team (1: fully cooperative)",
         min=0.0, max=1.0,

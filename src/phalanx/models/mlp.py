@@ -302,7 +302,8 @@ class MLPActorCritic(nn.Module):
     Multi-agent options: `agent_id` appends a one-hot of the agent slot to the inputs;
     `roles` (an int tensor [A]) gives every role its own parameters; `state_dim` makes the
     critic centralised (MAPPO): it reads the global state [..., S] plus the agent's one-hot id
-    instead of the agent's observation (IPPO).
+    instead of the agent's observation (IPPO); with `world_value` it reads the state alone, once per
+    world, and outputs every agent's value (A outputs: one pass where the id made A).
     """
 
     recurrent = False
@@ -320,16 +321,20 @@ class MLPActorCritic(nn.Module):
         roles: torch.Tensor | None = None,
         state_dim: int | None = None,
         init_log_std: float = 0.0,
+        world_value: bool = False,
     ):
         super().__init__()
+        if world_value and (state_dim is None or roles is not None):
+            raise ValueError("world_value needs a centralised critic (state_dim) with parameters shared across roles")
         self.num_agents, self.agent_id, self.centralized = num_agents, agent_id, state_dim is not None
+        self.world_value = world_value
         self.slot_agnostic = not agent_id and roles is None and state_dim is None
         self.register_buffer("agent_eye", torch.eye(num_agents))
         self.head = ActionHead(action_space, init_log_std)
         actor_in = obs_dim + (num_agents if agent_id else 0)
-        critic_in = state_dim + num_agents if state_dim is not None else actor_in
+        critic_in = state_dim + (0 if world_value else num_agents) if state_dim is not None else actor_in
         self.actor = mlp(actor_in, hidden, self.head.out_dim, activation, out_gain=0.01, roles=roles)
-        self.critic = mlp(critic_in, hidden, 1, activation, out_gain=1.0, roles=roles)
+        self.critic = mlp(critic_in, hidden, num_agents if world_value else 1, activation, out_gain=1.0, roles=roles)
         self.packable = roles is None and state_dim is None  # actor and critic read the same input
         self._trunk_params = [*self.actor.parameters(), *self.critic.parameters()]
         self._packed_key: list[tuple[int, int]] | None = None
@@ -344,6 +349,8 @@ class MLPActorCritic(nn.Module):
 
     def value(self, critic_in: torch.Tensor) -> torch.Tensor:
         """V per agent [..., A] from observations [..., A, D] (IPPO) or the state [..., S] (MAPPO)."""
+        if self.world_value:
+            return self.critic(critic_in)
         if self.centralized:
             x = self._with_id(critic_in.unsqueeze(-2).expand(*critic_in.shape[:-1], self.num_agents, critic_in.shape[-1]))
         else:

@@ -65,6 +65,12 @@ def check_model(cfg: Config, env: VecEnv) -> None:
     """Every ConfigError building `cfg.model` for `env` would raise, without building it."""
     if cfg.critic == "mappo" and env.state_space is None:
         raise ConfigError(f"config key 'critic' is 'mappo' but env '{cfg.env}' has no global state; use ippo")
+    if cfg.mappo_values == "per_world":
+        if cfg.critic != "mappo":
+            raise ConfigError(f"config key 'mappo_values' is per_world, which needs critic mappo; got critic {cfg.critic}")
+        if cfg.model not in ("mlp", "role_attention") or cfg.param_sharing == "per_role":
+            raise ConfigError(f"config key 'mappo_values' is per_world, which needs model mlp or role_attention without "
+                              f"param_sharing per_role; got model {cfg.model}, param_sharing {cfg.param_sharing}")
     space = env.action_space
     if isinstance(space, Discrete) and space.slot_n:
         if cfg.model not in ("mlp", "cnn", "role_attention"):
@@ -98,7 +104,7 @@ def _build_mlp(cfg: Config, env: VecEnv) -> ActorCritic:
     return MLPActorCritic(
         obs_dim_of(env), env.action_space, tuple(cfg.hidden_sizes), cfg.activation,
         num_agents=env.num_agents, agent_id=cfg.param_sharing == "shared_id", roles=_roles(cfg, env),
-        state_dim=_state_dim(cfg, env), init_log_std=cfg.init_log_std,
+        state_dim=_state_dim(cfg, env), init_log_std=cfg.init_log_std, world_value=cfg.mappo_values == "per_world",
     )
 
 
@@ -144,6 +150,7 @@ def _build_role_attention(cfg: Config, env: VecEnv) -> ActorCritic:
         width=cfg.tf_width, heads=cfg.tf_heads, hidden_sizes=tuple(cfg.hidden_sizes), activation=cfg.activation,
         agent_id=cfg.param_sharing == "shared_id", state_dim=_state_dim(cfg, env), init_log_std=cfg.init_log_std,
         masses=(1.0 - cfg.relay_mass, cfg.relay_mass), relay_floor=cfg.relay_floor, temperature=cfg.attn_temperature,
+        world_value=cfg.mappo_values == "per_world",
     )
 
 

@@ -176,8 +176,8 @@ class RoleAttentionActorCritic(nn.Module):
     - Agent i's query is its own embedding; keys / values come from the other slots (never itself:
       its own embedding already goes to the actor directly), keys with the neighbour's one-hot role.
     - Actor: MLP over [own embedding ; attended context ; one-hot own role] -> ActionHead.
-    - Critic: with `state_dim` (MAPPO) an MLP over [state ; one-hot agent id], as MLPActorCritic;
-      else (IPPO) a role attention of its own over the observations plus an MLP.
+    - Critic: with `state_dim` (MAPPO) an MLP over [state ; one-hot agent id], as MLPActorCritic (with
+      `world_value`, over the state alone with A outputs, once per world); else (IPPO) a role attention of its own over the observations plus an MLP.
     - `present` [..., A] bool (optional everywhere; default all present): which slots exist this
       step (alive / active). Absent slots get zero weight as neighbours; an agent with no present
       neighbour attends to nothing (context 0). Absent agents still get (finite) outputs of their
@@ -206,8 +206,12 @@ class RoleAttentionActorCritic(nn.Module):
         masses: tuple[float, float] = DEFAULT_MASSES,
         relay_floor: float = 0.05,
         temperature: float = 1.0,
+        world_value: bool = False,
     ):
         super().__init__()
+        if world_value and state_dim is None:
+            raise ValueError("world_value needs a centralised critic (state_dim)")
+        self.world_value = world_value
         roles = roles.detach().cpu().long().reshape(-1)
         if roles.numel() == 0 or int(roles.min()) < 0 or int(roles.max()) >= num_roles:
             raise ValueError(f"roles must lie in [0, {num_roles}), got {roles.tolist()}")
@@ -233,7 +237,8 @@ class RoleAttentionActorCritic(nn.Module):
         self.actor = mlp(2 * width + num_roles, hidden_sizes, self.head.out_dim, activation, out_gain=0.01)
         if self.centralized:
             self.critic_attn = None
-            self.critic = mlp(state_dim + A, hidden_sizes, 1, activation, out_gain=1.0)
+            self.critic = (mlp(state_dim, hidden_sizes, A, activation, out_gain=1.0) if world_value
+                           else mlp(state_dim + A, hidden_sizes, 1, activation, out_gain=1.0))
         else:
             self.critic_attn = RoleAttention(in_dim, **attn)
             self.critic = mlp(2 * width + num_roles, hidden_sizes, 1, activation, out_gain=1.0)
@@ -259,7 +264,10 @@ class RoleAttentionActorCritic(nn.Module):
         return self.actor_attn.last_weights.mean(-3)
 
     def value(self, critic_in: torch.Tensor, present: torch.Tensor | None = None) -> torch.Tensor:
-        """V per agent [..., A] from observations [..., A, D] (IPPO) or the state [..., S] (MAPPO)."""
+        """V per agent [..., A] from observations [..., A, D] (IPPO) or the state [..., S] (MAPPO; `world_value`:
+        one pass per world, A outputs)."""
+        if self.world_value:
+            return self.critic(critic_in)
         if self.centralized:
             x = self._with_id(critic_in.unsqueeze(-2).expand(*critic_in.shape[:-1], self.num_agents, critic_in.shape[-1]))
         else:
