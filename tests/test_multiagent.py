@@ -292,3 +292,25 @@ def test_a_per_world_critic_values_every_agent_in_one_pass(tmp_path):
                         (dict(critic="mappo", model="lstm"), "got model lstm")):
         with pytest.raises(phalanx.errors.ConfigError, match=needle):
             make_trainer(tmp_path / "x", mappo_values="per_world", **bad)
+
+
+@pytest.mark.parametrize("over", [dict(critic="mappo"), dict(model="lstm"), dict(norm_adv=False, clip_vloss=False)])
+def test_an_update_in_chunks_is_the_whole_update(tmp_path, over):
+    """`update_chunks`: each minibatch's forward and backward in 3 pieces, normalised over the whole minibatch
+    (its masked count and advantage statistics), gives the parameters and metrics of the one-piece update up to
+    float summation order (tiny_team has inactive slots: the masked means)."""
+    out = []
+    for chunks in (1, 3):
+        tr = make_trainer(tmp_path / str(chunks), update_chunks=chunks, seed=5, **over)
+        try:
+            tr.collect()
+            assert not bool(tr.rollout.buf["active"].all())
+            metrics = tr.update()
+            out.append(([p.detach().clone() for p in tr.model.parameters()], metrics))
+        finally:
+            tr.close()
+    (whole, mw), (chunked, mc) = out
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(whole, chunked))
+    assert any(not torch.equal(a, b) for a, b in zip(whole, make_trainer(tmp_path / "fresh", seed=5, **over).model.parameters()))
+    for k in ("loss", "policy_loss", "value_loss", "approx_kl", "clip_fraction", "grad_norm"):
+        assert torch.allclose(mw[k], mc[k], atol=1e-6), k

@@ -57,6 +57,9 @@ class Config:
     gae_lambda: float = _f(0.95, "GAE lambda", min=0.0, max=1.0)
     num_epochs: int = _f(4, "passes over each rollout", positive=True)
     num_minibatches: int = _f(4, "minibatches per epoch", positive=True)
+    update_chunks: int = _f(1, "forward and backward each minibatch in this many pieces, gradients summed before the "
+                               "one optimizer step: the same update with a fraction of the activations in memory",
+                            positive=True)
     clip_coef: float = _f(0.2, "PPO ratio clip", positive=True)
     clip_vloss: bool = _f(True, "clip the value loss around the old values")
     vf_coef: float = _f(0.5, "value loss coefficient", min=0.0)

@@ -76,7 +76,8 @@ class RunResult:
 def ppo_params(cfg: Config) -> PPOParams:
     return PPOParams(num_epochs=cfg.num_epochs, num_minibatches=cfg.num_minibatches, clip_coef=cfg.clip_coef,
                      vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef, max_grad_norm=cfg.max_grad_norm,
-                     clip_vloss=cfg.clip_vloss, norm_adv=cfg.norm_adv, target_kl=cfg.target_kl or None)
+                     clip_vloss=cfg.clip_vloss, norm_adv=cfg.norm_adv, target_kl=cfg.target_kl or None,
+                     chunks=cfg.update_chunks)
 
 
 def ppo_batch(buf: dict[str, torch.Tensor], advantages: torch.Tensor, returns: torch.Tensor, values: torch.Tensor,

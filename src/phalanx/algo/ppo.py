@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -25,6 +26,27 @@ class PPOParams:
     vf_clip_coef: float | None = None  # the value clip (None: clip_coef)
     norm_adv: bool = True  # normalise advantages per minibatch
     target_kl: float | None = None  # stop an update's epochs once approx-KL exceeds it (None: never)
+    chunks: int = 1  # forward and backward of a minibatch in this many pieces, gradients summed: 1/chunks the activations
+
+
+class LossNorms(NamedTuple):
+    """What a minibatch's losses are normalised by, taken over the whole minibatch so that its chunks' losses sum
+    to the whole one's: the count of the samples (the masked ones left out) and the advantages' mean and std."""
+
+    count: torch.Tensor
+    adv_mean: torch.Tensor
+    adv_std: torch.Tensor
+
+
+def loss_norms(adv: torch.Tensor, mask: torch.Tensor | None) -> LossNorms:
+    """The LossNorms of a whole minibatch's advantages and mask (as `ppo_losses` computes them given none)."""
+    valid = None if mask is None else mask > 0
+    count = (torch.full((), adv.numel(), dtype=adv.dtype, device=adv.device) if valid is None
+             else mask.sum().clamp_min(1.0))
+    mean = (adv if valid is None else torch.where(valid, adv, 0.0)).sum() / count
+    centred = adv - mean
+    sq = centred * centred
+    return LossNorms(count, mean, torch.sqrt((sq if valid is None else torch.where(valid, sq, 0.0)).sum() / count))
 
 
 # From this many rows a column [B, 1] is gathered as a vector: torch's CPU gather of rows copies one
@@ -96,9 +118,12 @@ def ppo_losses(
     new_values: torch.Tensor,
     batch: PPOBatch,
     hp: PPOParams,
+    norms: LossNorms | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The clipped surrogate, (optionally clipped) value loss and entropy bonus on one batch; the
-    metrics are named by the terms they measure."""
+    metrics are named by the terms they measure. With `norms` (a chunk of a minibatch): every mean is the
+    chunk's sum over the whole minibatch's count and the advantages are normalised by its statistics, so the
+    chunks' losses and metrics add up to the minibatch's."""
     clip_coef = hp.clip_coef
     # The hyperparameters as tensors of the losses' dtype, made once: a Python number in an op is wrapped into
     # a double tensor and cast at every call, four times an op's cost at minibatch 64 on a CPU (#27). Squares
@@ -110,7 +135,12 @@ def ppo_losses(
     # masked_mean's arithmetic with the mask's test and count made once: eight means a minibatch, and at
     # minibatch 64 on a CPU each op costs more than its arithmetic.
     mask = batch.mask
-    if mask is None:  # every sample active: the same sum over the same count (bit for bit), without the test
+    if norms is not None:
+        valid = None if mask is None else mask > 0
+
+        def mean_of(x: torch.Tensor) -> torch.Tensor:
+            return (x if valid is None else torch.where(valid, x, 0.0)).sum() / norms.count
+    elif mask is None:  # every sample active: the same sum over the same count (bit for bit), without the test
         mean_of = torch.mean
     else:
         valid = mask > 0
@@ -120,7 +150,9 @@ def ppo_losses(
             return _mean_where(x, valid, count)
 
     adv = batch.advantages
-    if hp.norm_adv:
+    if hp.norm_adv and norms is not None:
+        adv = (adv - norms.adv_mean) / (norms.adv_std + k(1e-8))
+    elif hp.norm_adv:
         centred = adv - mean_of(adv)
         adv = centred / (torch.sqrt(mean_of(centred * centred)) + k(1e-8))
     log_ratio = new_logprobs - batch.logprobs
@@ -186,12 +218,24 @@ def minibatch_step(
     params = optimizer.param_groups[0]["params"]
 
     def step(batch: PPOBatch, rows: torch.Tensor) -> dict[str, torch.Tensor]:
-        part = batch.index(rows)
-        logp, ent, value = evaluate(part)
-        loss, metrics = ppo_losses(logp, ent, value, part, hp)
         for p in params:
             p.grad = None
-        loss.backward()
+        if hp.chunks > 1:  # one piece's activations at a time; the gradients add up in .grad
+            norms = loss_norms(batch.advantages.index_select(0, rows),
+                               None if batch.mask is None else batch.mask.index_select(0, rows))
+            metrics: dict[str, torch.Tensor] = {}
+            for piece in rows.tensor_split(min(hp.chunks, rows.shape[0])):  # never an empty piece
+                part = batch.index(piece)
+                logp, ent, value = evaluate(part)
+                loss, m = ppo_losses(logp, ent, value, part, hp, norms)
+                loss.backward()
+                metrics = m if not metrics else {k: metrics[k] + v for k, v in m.items()}
+            loss = metrics["loss"]
+        else:
+            part = batch.index(rows)
+            logp, ent, value = evaluate(part)
+            loss, metrics = ppo_losses(logp, ent, value, part, hp)
+            loss.backward()
         # The gradients stay in `.grad` until the next step, as with torch.optim: freeing them at the end
         # of each step (torch.autograd.grad) made glibc hand heap memory back and fault it in again, which
         # cost a quarter of CPU training time in system calls.
