@@ -18,6 +18,10 @@ Phalanx trains `--phalanx-frames` (default twice `--frames`) so the table can sa
 final return; its return at BenchMARL's frame budget is read from the same run (its learning rate, annealed
 over the longer run, is then still at half: no advantage to Phalanx).
 
+The cost of the machinery, apart from how many passes each library makes: per batch, the collection plus
+one optimisation pass over the batch (the batch's update time, GAE included, divided by its passes), averaged
+over the run's batches; BenchMARL's from its callbacks, Phalanx's from the trainer's phase clock.
+
 Writes OUT/runs.json (every curve), OUT/table.md and OUT/curves.png.
 """
 
@@ -49,34 +53,52 @@ def eval_return(rollout_rewards, dones) -> float:
     return float(per_episode.mean())
 
 
-try:
+def make_recorder():
+    """A BenchMARL callback (`Recorder` below); BenchMARL is imported here only, so that the Phalanx runs train
+    without TorchRL loaded in their process."""
     from benchmarl.experiment.callback import Callback
-except ImportError:  # the phalanx side runs without BenchMARL
-    Callback = object
 
+    global Recorder  # BenchMARL pickles its callbacks with the experiment: a module-level name pickle can find
 
-class Recorder(Callback):
-    """BenchMARL's evaluations as (frames, training seconds, return); evaluation time is off the clock."""
+    class Recorder(Callback):
+        """BenchMARL's evaluations as (frames, training seconds, return); evaluation time is off the clock.
+        Per batch, the collection (from the end of the last batch's training or evaluation to the batch) and the
+        training (from the batch to the end of its optimisation passes) in seconds."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.curve: list[dict] = []
-        self.start = self.eval_start = self.eval_seconds = 0.0
+        def __init__(self) -> None:
+            super().__init__()
+            self.curve: list[dict] = []
+            self.start = self.eval_start = self.eval_seconds = 0.0
+            self.collect_seconds: list[float] = []
+            self.train_seconds: list[float] = []
+            self.last_end = self.collected = 0.0
 
-    def on_setup(self) -> None:
-        self.start = time.perf_counter()
+        def on_setup(self) -> None:
+            self.start = self.last_end = time.perf_counter()
 
-    def on_evaluation_end(self, rollouts) -> None:
-        import torch
+        def on_batch_collected(self, batch) -> None:
+            self.collected = time.perf_counter()
+            self.collect_seconds.append(self.collected - self.last_end)
 
-        rewards = [r.get(("next", "agents", "reward")).squeeze(-1) for r in rollouts]
-        dones = [r.get(("next", "done")).reshape(r.batch_size[0], -1).any(-1) for r in rollouts]
-        rew = torch.nn.utils.rnn.pad_sequence(rewards, batch_first=True)
-        done = torch.nn.utils.rnn.pad_sequence(dones, batch_first=True, padding_value=True)
-        now = time.perf_counter()
-        self.curve.append({"frames": int(self.experiment.total_frames), "time": self.eval_start - self.start - self.eval_seconds,
-                           "return": eval_return(rew.float().cpu(), done.cpu())})
-        self.eval_seconds += now - self.eval_start
+        def on_train_end(self, training_td, group: str) -> None:
+            self.last_end = time.perf_counter()
+            self.train_seconds.append(self.last_end - self.collected)
+
+        def on_evaluation_end(self, rollouts) -> None:
+            import torch
+
+            rewards = [r.get(("next", "agents", "reward")).squeeze(-1) for r in rollouts]
+            dones = [r.get(("next", "done")).reshape(r.batch_size[0], -1).any(-1) for r in rollouts]
+            rew = torch.nn.utils.rnn.pad_sequence(rewards, batch_first=True)
+            done = torch.nn.utils.rnn.pad_sequence(dones, batch_first=True, padding_value=True)
+            now = time.perf_counter()
+            self.curve.append({"frames": int(self.experiment.total_frames), "time": self.eval_start - self.start - self.eval_seconds,
+                               "return": eval_return(rew.float().cpu(), done.cpu())})
+            self.eval_seconds += now - self.eval_start
+            self.last_end = now
+
+    Recorder.__qualname__ = "Recorder"
+    return Recorder()
 
 
 def run_benchmarl(task: str, seed: int, frames: int, eval_every: int, episodes: int, device: str, out: Path) -> dict:
@@ -100,7 +122,7 @@ def run_benchmarl(task: str, seed: int, frames: int, eval_every: int, episodes: 
     cfg.loggers, cfg.create_json, cfg.checkpoint_interval, cfg.checkpoint_at_end = [], True, 0, False
     cfg.save_folder = str(out)
     algorithm = MappoConfig.get_from_yaml()  # lambda 0.9, clip 0.2, no entropy bonus, shared critic
-    recorder = Recorder()
+    recorder = make_recorder()
     experiment = Experiment(task=VmasTask[task.upper()].get_from_yaml(), algorithm_config=algorithm,
                             model_config=MlpConfig.get_from_yaml(), critic_model_config=MlpConfig.get_from_yaml(),
                             seed=seed, config=cfg, callbacks=[recorder])
@@ -113,19 +135,34 @@ def run_benchmarl(task: str, seed: int, frames: int, eval_every: int, episodes: 
     experiment._evaluation_loop = timed_evaluation
     experiment.run()
     total = time.perf_counter() - recorder.start - recorder.eval_seconds
-    return {"curve": recorder.curve, "train_seconds": total, "frames": int(experiment.total_frames)}
+    return {"curve": recorder.curve, "train_seconds": total, "frames": int(experiment.total_frames),
+            "passes": PASSES, "collect_seconds": statistics.fmean(recorder.collect_seconds),
+            "update_seconds": statistics.fmean(recorder.train_seconds)}
 
 
-def run_phalanx(task: str, seed: int, frames: int, eval_every: int, episodes: int, device: str, out: Path) -> dict:
+def run_phalanx(task: str, seed: int, frames: int, eval_every: int, episodes: int, device: str, out: Path,
+                settings: dict[str, str] | None = None) -> dict:
     from phalanx import checkpoint as ckpt
+    from phalanx.config import resolve
     from phalanx.evaluate import evaluate_policy
     from phalanx.policy import load
-    from phalanx.trainer import train
+    from phalanx.trainer import Trainer
 
     run_dir = out / "run"
     start = time.time()
-    train({"env": f"vmas:{task}", "seed": seed, "total_steps": frames, "device": device, "run_dir": str(run_dir),
-           "checkpoint_every": eval_every, "keep_checkpoints": 1000, "progress": False, "tensorboard": False})
+    cfg = resolve({"env": f"vmas:{task}", "seed": seed, "total_steps": frames, "device": device, "run_dir": str(run_dir),
+                   "checkpoint_every": eval_every, "keep_checkpoints": 1000, "progress": False, "tensorboard": False},
+                  settings or {})
+    # `phalanx.train` with the trainer's phase clock on (on a CPU it reads the clock and nothing else).
+    trainer = Trainer(cfg)
+    try:
+        ckpt.write_json_atomic(run_dir / "config.json", cfg.to_dict())
+        trainer.timer.enabled = True
+        trainer.train()
+        batches = trainer.update_idx
+        clock = dict(trainer.timer.seconds)
+    finally:
+        trainer.close()
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     cfg = ckpt.load_run_config(run_dir)
     curve = []
@@ -137,7 +174,14 @@ def run_phalanx(task: str, seed: int, frames: int, eval_every: int, episodes: in
         res = evaluate_policy(policy, cfg.env, cfg.env_options, episodes=episodes, greedy=True, seed=10_000 + seed,
                               device=device, num_envs=episodes)
         curve.append({"frames": step, "time": at["time"] - start, "return": res["mean_agent_return"]})
-    return {"curve": curve, "train_seconds": rows[-1]["time"] - start, "frames": rows[-1]["step"]}
+    return {"curve": curve, "train_seconds": rows[-1]["time"] - start, "frames": rows[-1]["step"], "passes": cfg.num_epochs,
+            "collect_seconds": clock["collect"] / batches, "update_seconds": clock["update"] / batches,
+            "mappo_values": cfg.mappo_values}
+
+
+def per_pass(run: dict) -> float:
+    """Seconds of one batch's collection plus one optimisation pass over it (GAE shared out over the passes)."""
+    return run["collect_seconds"] + run["update_seconds"] / run["passes"]
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -159,16 +203,22 @@ def report(runs: list[dict], out: Path, tasks: list[str], seeds: list[int], fram
     lines = [f"VMAS MAPPO, BenchMARL {frames:,} frames, seeds {', '.join(map(str, seeds))}, device {device}; "
              "return: mean episode reward per agent (BenchMARL's evaluation, 200 episodes), mean [min, max] over seeds.", "",
              f"| task | library | return at {frames:,} frames | train wall-clock to {frames:,} frames (s) | frames/s | "
-             "return at the run's end (frames) | time to BenchMARL's final return |",
-             "|---|---|---|---|---|---|---|"]
+             "return at the run's end (frames) | time to BenchMARL's final return | collection + one pass (s) | "
+             "vs BenchMARL |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for task in tasks:
         by = {lib: [r for r in runs if r["task"] == task and r["library"] == lib] for lib in LIBRARIES}
         bm_final = statistics.fmean(r["curve"][-1]["return"] for r in by["benchmarl"]) if by["benchmarl"] else None
         bm_time = statistics.fmean(r["train_seconds"] for r in by["benchmarl"]) if by["benchmarl"] else None
+        bm_pass = statistics.fmean(per_pass(r) for r in by["benchmarl"]) if by["benchmarl"] else None
         for lib in LIBRARIES:
             rs = by[lib]
             if not rs:
                 continue
+            passes = [per_pass(r) for r in rs]
+            pass_cell = (f"{statistics.fmean(passes):.2f} ({statistics.fmean(r['collect_seconds'] for r in rs):.2f} + "
+                         f"{statistics.fmean(r['update_seconds'] / r['passes'] for r in rs):.2f})")
+            ratio = f"{statistics.fmean(passes) / bm_pass:.2f}x" if bm_pass else "-"
             same = [at_frames(r["curve"], frames) for r in rs]
             ends = [r["curve"][-1]["return"] for r in rs]
             fps = [r["frames"] / r["train_seconds"] for r in rs]
@@ -177,7 +227,7 @@ def report(runs: list[dict], out: Path, tasks: list[str], seeds: list[int], fram
                 times = [time_to_reach(r["curve"], bm_final) for r in rs]
                 reach = ", ".join("not reached" if t is None else f"{t:.0f} s ({t / bm_time:.2f}x BenchMARL's)" for t in times)
             lines.append(f"| {task} | {lib} | {interval([p['return'] for p in same])} | {interval([p['time'] for p in same])} | "
-                         f"{statistics.fmean(fps):,.0f} | {interval(ends)} ({rs[0]['frames']:,}) | {reach} |")
+                         f"{statistics.fmean(fps):,.0f} | {interval(ends)} ({rs[0]['frames']:,}) | {reach} | {pass_cell} | {ratio} |")
     text = "\n".join(lines) + "\n"
     (out / "table.md").write_text(text)
     plot(runs, out / "curves.png", tasks)
@@ -221,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-episodes", type=int, default=200)
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=2, help="torch threads of every run")
+    p.add_argument("--phalanx-set", default="", help="config keys over Phalanx's defaults, KEY=VALUE,... "
+                   "(e.g. mappo_values=per_agent,torch_threads=1 for the settings before issue 30)")
     p.add_argument("--out", default="bench/results/vmas_vs_benchmarl")
     p.add_argument("--one", nargs=3, metavar=("LIBRARY", "TASK", "SEED"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -232,9 +284,13 @@ def main(argv: list[str] | None = None) -> int:
         lib, task, seed = args.one[0], args.one[1], int(args.one[2])
         where = out / f"{lib}-{task}-{seed}"
         where.mkdir(parents=True, exist_ok=True)
-        fn = run_benchmarl if lib == "benchmarl" else run_phalanx
-        frames = args.phalanx_frames if lib == "phalanx" else args.frames
-        result = fn(task, seed, frames, args.eval_every, args.eval_episodes, args.device, where)
+        settings = dict(kv.split("=", 1) for kv in args.phalanx_set.split(",") if kv)
+        if lib == "benchmarl":
+            result = run_benchmarl(task, seed, args.frames, args.eval_every, args.eval_episodes, args.device, where)
+        else:
+            result = run_phalanx(task, seed, args.phalanx_frames, args.eval_every, args.eval_episodes, args.device, where,
+                                 settings)
+            result["settings"] = settings
         (where / "result.json").write_text(json.dumps({"library": lib, "task": task, "seed": seed, **result}, indent=1))
         return 0
     args.phalanx_frames = args.phalanx_frames or 2 * args.frames
@@ -251,7 +307,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{lib} {task} seed {seed} ...", flush=True)
                     cmd = [sys.executable, __file__, "--one", lib, task, str(seed), "--frames", str(args.frames), "--phalanx-frames", str(args.phalanx_frames),
                            "--eval-every", str(args.eval_every), "--eval-episodes", str(args.eval_episodes),
-                           "--device", args.device, "--threads", str(args.threads), "--out", str(out)]
+                           "--device", args.device, "--threads", str(args.threads), "--out", str(out),
+                           "--phalanx-set", args.phalanx_set]
                     subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
                 runs.append(json.loads(result.read_text()))
     (out / "runs.json").write_text(json.dumps(runs, indent=1))

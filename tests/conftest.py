@@ -5,6 +5,11 @@ import torch
 
 # Two cores on CI, shared with the other xdist worker: one thread per worker avoids oversubscription.
 torch.set_num_threads(1)
+# ... and each worker on a CPU of its own, so that a trainer choosing its threads from the work
+# (runs.choose_threads) finds one CPU, as do the CLI runs the tests start.
+if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw") and hasattr(os, "sched_setaffinity"):
+    _cpus = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {_cpus[int(os.environ["PYTEST_XDIST_WORKER"][2:]) % len(_cpus)]})
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 import phalanx
 from phalanx import runs
 from phalanx import trainer as trainer_module
+from phalanx.algo import saved_bytes
 from phalanx.cli import main
 from phalanx.config import FIELDS, resolve
 from phalanx.envs import make
@@ -303,6 +304,54 @@ def test_an_impossible_num_envs_is_refused_before_the_env_is_built(tmp_path, mon
     model = build_model(cfg, probe)
     need = lambda n: sum(run_bytes(replace(cfg, num_envs=n), probe, probe.reset(seed=1), model).values())  # noqa: E731
     assert need(most) <= 0.8 * (8 << 30) < need(most + 1)
+
+
+WIDE = dict(SMALL, num_envs=64, num_steps=128, num_minibatches=1, hidden_sizes=[256, 256])
+
+
+def test_a_minibatch_whose_activations_do_not_fit_runs_in_pieces_and_says_so(tmp_path, monkeypatch, capsys):
+    """update_chunks 0 (the default): where the rollout buffers fit but a minibatch's activations do not, the
+    minibatch runs in the fewest pieces that fit (the same update, tests/test_multiagent.py) instead of failing;
+    the estimate (saved tensors per row, measured on 8 and 16 rows) is what autograd keeps for a whole minibatch."""
+    roomy = Trainer(resolve(dict(WIDE, run_dir=str(tmp_path / "a"))))
+    try:
+        need, rows = roomy._minibatch_activations()
+        assert roomy.hp.chunks == 1 and rows == 64 * 128
+        b, shape = roomy.rollout.buf, (128, 64, 1)
+        zeros = torch.zeros(shape)
+        batch = trainer_module.ppo_batch(b, zeros, zeros, zeros, torch.ones(shape, dtype=torch.bool), False, None)
+        whole = saved_bytes(roomy._evaluate, batch.index(torch.arange(rows)), roomy.hp, roomy.params)
+        assert abs(need / 2 - whole) <= 0.05 * whole, (need, whole)
+    finally:
+        roomy.close()
+    monkeypatch.setattr(runs, "free_memory_bytes", lambda device: int(need / 3 / 0.8) + 1)
+    t = Trainer(resolve(dict(WIDE, progress=True, run_dir=str(tmp_path / "b"))))
+    try:
+        assert t.hp.chunks == 3
+        assert "each minibatch runs in 3 pieces (update_chunks), the same update" in capsys.readouterr().err
+        t.collect()
+        before = [p.detach().clone() for p in t.model.parameters()]
+        t.update()
+        assert any(not torch.equal(a, p) for a, p in zip(before, t.model.parameters()))
+    finally:
+        t.close()
+    # On the CPU a piece holds at most CPU_PIECE_BYTES, memory or not; an explicit count is kept.
+    monkeypatch.setattr(runs, "free_memory_bytes", lambda device: 8 << 30)
+    monkeypatch.setattr(trainer_module, "CPU_PIECE_BYTES", need // 2 + 1)
+    for chunks, expected, name in ((0, 2, "c"), (5, 5, "d")):
+        t = Trainer(resolve(dict(WIDE, update_chunks=chunks, run_dir=str(tmp_path / name))))
+        assert t.hp.chunks == expected
+        t.close()
+
+
+def test_activations_that_fit_not_even_a_row_at_a_time_are_refused(tmp_path, monkeypatch):
+    free = iter([8 << 30, 4096])  # the buffers fit; then almost nothing is left
+
+    monkeypatch.setattr(runs, "free_memory_bytes", lambda device: next(free, 4096))
+    with pytest.raises(PhalanxError, match=r"^a minibatch of 8,192 rows needs about [\d,]+ MiB of activations and cpu has "
+                                           r"0 MiB free after the rollout buffers: not even one row at a time fits; lower "
+                                           r"num_envs or num_steps, or raise num_minibatches$"):
+        Trainer(resolve(dict(WIDE, run_dir=str(tmp_path / "r"))))
 
 
 @pytest.mark.parametrize("over", [dict(env="cartpole"), dict(env="duel", model="lstm"), dict(env="bucket_brigade")])

@@ -1,6 +1,7 @@
 """Multi-agent training mechanics: masks, parameter sharing, centralised critic, mixed teams."""
 
 import copy
+import json
 
 import pytest
 import torch
@@ -270,8 +271,8 @@ def test_memory_policy_resume_is_bit_identical(tmp_path, model):
 def test_a_per_world_critic_values_every_agent_in_one_pass(tmp_path):
     """`mappo_values: per_world`: the state alone in, one output per agent (no id appended, one pass per world);
     its values fit the returns as the per-agent critic's do (explained variance after a few updates)."""
-    world = make_trainer(tmp_path / "w", critic="mappo", mappo_values="per_world")
-    per_agent = make_trainer(tmp_path / "a", critic="mappo")
+    world = make_trainer(tmp_path / "w", critic="mappo")  # the default where the model allows
+    per_agent = make_trainer(tmp_path / "a", critic="mappo", mappo_values="per_agent")
     try:
         assert world.model.critic[0].in_features == 5 and per_agent.model.critic[0].in_features == 5 + 3
         s = torch.rand(7, 5)
@@ -287,11 +288,27 @@ def test_a_per_world_critic_values_every_agent_in_one_pass(tmp_path):
     finally:
         world.close()
         per_agent.close()
+    assert world.cfg.mappo_values == "per_world"
     for bad, needle in ((dict(), "needs critic mappo; got critic ippo"),
                         (dict(critic="mappo", param_sharing="per_role"), "param_sharing per_role"),
                         (dict(critic="mappo", model="lstm"), "got model lstm")):
         with pytest.raises(phalanx.errors.ConfigError, match=needle):
             make_trainer(tmp_path / "x", mappo_values="per_world", **bad)
+
+
+def test_the_critic_default_is_per_world_where_the_model_allows_and_old_runs_keep_theirs(tmp_path):
+    defaults = {(model, sharing): resolve(dict(BASE, critic="mappo", model=model, param_sharing=sharing)).mappo_values
+                for model, sharing in (("mlp", "shared"), ("mlp", "per_role"), ("lstm", "shared"))}
+    assert defaults == {("mlp", "shared"): "per_world", ("mlp", "per_role"): "per_agent", ("lstm", "shared"): "per_agent"}
+    # A run written before the key existed trained a per-agent critic: loading or resuming it builds that one.
+    phalanx.train(run_dir=tmp_path / "old", max_updates=1, **dict(BASE, critic="mappo", mappo_values="per_agent"))
+    path = tmp_path / "old" / "config.json"
+    saved = json.loads(path.read_text())
+    del saved["mappo_values"]
+    path.write_text(json.dumps(saved))
+    policy = phalanx.load(tmp_path / "old")
+    assert policy.config.mappo_values == "per_agent"
+    phalanx.train(resume=tmp_path / "old", max_updates=1)
 
 
 @pytest.mark.parametrize("over", [dict(critic="mappo"), dict(model="lstm"), dict(norm_adv=False, clip_vloss=False)])

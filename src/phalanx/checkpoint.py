@@ -213,6 +213,8 @@ def load_run_config(run_dir: Path) -> Config:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise CheckpointError(f"run file '{path}' is not valid JSON: {e}") from None
+    if isinstance(data, dict):
+        data.setdefault("mappo_values", "per_agent")  # runs from before the key trained per-agent critics
     manifest = Path(run_dir) / "manifest.json"
     if manifest.is_file():  # a plugin env trained from another directory: import it from where it was found
         try:

@@ -48,7 +48,7 @@ class Config:
     num_steps: int = _f(128, "rollout length per environment per update", positive=True)
     seed: int = _f(1, "random seed of the run (envs, sampling, minibatches)", min=0)
     device: str = _f("auto", "auto | cpu | cuda | cuda:N | mps ('auto' picks CUDA, then MPS, then CPU)")
-    torch_threads: int = _f(0, "CPU threads for torch (0: chosen from the work: 1 below 2,048 agents a step on the CPU, else the CPUs this process may use, shared among torchrun's ranks on the node; torch's default on accelerators)", min=0)
+    torch_threads: int = _f(0, "CPU threads for torch (0: chosen per phase from its work: on the CPU 1 where a call (a rollout step, a minibatch) is below 18.7M multiply-adds, the policy's parameters times its rows, else the CPUs this process may use, shared among torchrun's ranks on the node; torch's default on accelerators)", min=0)
     # PPO.
     lr: float = _f(2.5e-4, "Adam learning rate", positive=True)
     anneal_lr: bool = _f(True, "decay the learning rate linearly to 0 over the run")
@@ -57,9 +57,10 @@ class Config:
     gae_lambda: float = _f(0.95, "GAE lambda", min=0.0, max=1.0)
     num_epochs: int = _f(4, "passes over each rollout", positive=True)
     num_minibatches: int = _f(4, "minibatches per epoch", positive=True)
-    update_chunks: int = _f(1, "forward and backward each minibatch in this many pieces, gradients summed before the "
-                               "one optimizer step: the same update with a fraction of the activations in memory",
-                            positive=True)
+    update_chunks: int = _f(0, "forward and backward each minibatch in this many pieces, gradients summed before the "
+                               "one optimizer step: the same update with a fraction of the activations in memory (0: "
+                               "as many as the device's free memory needs, and on the CPU pieces of at most 128 MiB)",
+                            min=0)
     clip_coef: float = _f(0.2, "PPO ratio clip", positive=True)
     clip_vloss: bool = _f(True, "clip the value loss around the old values")
     vf_coef: float = _f(0.5, "value loss coefficient", min=0.0)
@@ -103,8 +104,9 @@ class Config:
     critic: str = _f("ippo", "ippo: critic reads the agent's observation; mappo: the env's global state plus the agent id",
                      choices=("ippo", "mappo"))
     mappo_values: str = _f(
-        "per_agent", "with critic mappo: per_agent values the state once per agent with its one-hot id appended; "
-        "per_world once per world, one output per agent (a pass per world, not per agent; mlp and role_attention)",
+        "per_agent", "with critic mappo: per_world values the state once per world with one output per agent (the "
+        "default where the model allows: mlp and role_attention without per_role); per_agent once per agent with its "
+        "one-hot id appended (the default elsewhere)",
         choices=("per_agent", "per_world"),
     )
     team_reward: float = _f(
@@ -156,6 +158,7 @@ class Config:
 
 # Models whose update replays each env's rollout as one sequence, so a minibatch holds whole envs.
 MEMORY_MODELS = ("lstm", "transformer", "strategy")
+WORLD_VALUE_MODELS = ("mlp", "role_attention")  # models whose MAPPO critic can value a world in one pass
 FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 _HINTS = typing.get_type_hints(Config)
 
@@ -243,6 +246,9 @@ def resolve(*layers: dict[str, Any] | None) -> Config:
     base.update(merged)
     if "norm_value" not in base and base.get("critic") == "mappo":
         base["norm_value"] = True
+    if ("mappo_values" not in base and base.get("critic") == "mappo" and base.get("model", Config.model) in WORLD_VALUE_MODELS
+            and base.get("param_sharing", Config.param_sharing) != "per_role"):
+        base["mappo_values"] = "per_world"  # as fast or faster per pass and learns as well (README, mappo_values)
     values = {}
     for key, value in base.items():
         value = _coerce(key, value)

@@ -52,24 +52,47 @@ def resolve_device(name: str) -> torch.device:
     return dev
 
 
-# Agents stepped at once from which more than one CPU thread pays: on 2 cores, cartpole trains as fast
-# on one thread as on two up to 1,024 envs (and faster at 32), and 1.4x faster on two at 4,096.
-THREADED_BATCH = 2048
+# Multiply-adds one call must reach before a second CPU thread pays: the policy's parameters times the rows
+# the call sees (a rollout step's agents, a minibatch's samples). Calibrated on cartpole's MLP (9,155
+# parameters), which trains as fast on one thread as on two up to 1,024 envs and 1.4x faster on two at
+# 4,096: 2,048 rows of it. Counting rows alone (#27) kept VMAS navigation's 12,000-row minibatches of a
+# 151,815-parameter MLP on one thread: an optimisation pass took 1.84 s instead of 1.24 s on two (#30).
+THREADED_WORK = 2048 * 9155
 
 
-def choose_threads(requested: int, device: torch.device, agents_per_step: int, local_ranks: int = 1) -> tuple[int, str]:
-    """(torch CPU threads, why) for `torch_threads` = `requested` (0: chosen from the work). One thread
-    for small batches on the CPU, where a pool only adds barriers; else the CPUs this process may use,
-    shared among the node's ranks. Accelerators keep torch's default (the host work is launches)."""
+@dataclass(frozen=True)
+class Threads:
+    """Torch CPU threads per phase of an update cycle, and why (printed at the start of a run)."""
+
+    collect: int
+    update: int
+    why: str
+
+    def __str__(self) -> str:
+        counts = str(self.collect) if self.collect == self.update else f"{self.collect} to collect, {self.update} to update"
+        return f"{counts} ({self.why})"
+
+
+def choose_threads(requested: int, device: torch.device, collect_work: int, update_work: int,
+                   local_ranks: int = 1) -> Threads:
+    """Threads for `torch_threads` = `requested` (0: chosen per phase from its work, multiply-adds a call:
+    `collect_work` for a rollout step, `update_work` for a minibatch). One thread where a call is small on
+    the CPU, where a pool only adds barriers; else the CPUs this process may use, shared among the node's
+    ranks. Accelerators keep torch's default (the host work is launches)."""
     if requested > 0:
-        return requested, "torch_threads"
+        return Threads(requested, requested, "torch_threads")
     if device.type != "cpu":
-        return torch.get_num_threads(), f"torch's default on {device.type}"
-    if agents_per_step < THREADED_BATCH:
-        return 1, f"auto: {agents_per_step:,} agents a step; more threads pay from {THREADED_BATCH:,}"
+        return Threads(torch.get_num_threads(), torch.get_num_threads(), f"torch's default on {device.type}")
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     share = max(1, cpus // max(1, local_ranks))
-    return share, f"auto: {cpus} CPUs" + (f" shared by {local_ranks} ranks" if local_ranks > 1 else "")
+
+    def count(work: int) -> int:
+        return share if work >= THREADED_WORK else 1
+
+    where = f"{cpus} CPUs" + (f" shared by {local_ranks} ranks" if local_ranks > 1 else "")
+    return Threads(count(collect_work), count(update_work),
+                   f"auto: {where}; more than one pays from {THREADED_WORK / 1e6:.1f}M multiply-adds a call: "
+                   f"{collect_work / 1e6:,.1f}M a rollout step, {update_work / 1e6:,.1f}M a minibatch")
 
 
 @dataclass

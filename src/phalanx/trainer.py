@@ -28,7 +28,7 @@ from safetensors.torch import save_file
 
 from phalanx import checkpoint as ckpt
 from phalanx import runs
-from phalanx.algo import Adam, Normalizers, PPOBatch, PPOParams, compile_step, minibatch_step, ppo_update
+from phalanx.algo import Adam, Normalizers, PPOBatch, PPOParams, compile_step, minibatch_step, ppo_update, saved_bytes
 from phalanx.config import Config, load_file, resolve
 from phalanx.distributed import Dist
 from phalanx.envs import make, registry
@@ -57,6 +57,10 @@ from phalanx.slots import Teammates, opponent_slots, parse_teammates
 
 PROBE_ENVS = 4  # envs of the copy an env is checked and measured on before the full one is built
 HISTORY_ROWS = 1_000  # updates kept in memory for RunResult.history
+# update_chunks 0 on the CPU: a minibatch piece's activations at most this. drone_swarm's update at 1,024 envs
+# (16,384-row minibatches, about 530 MiB) took 11.1 s in 4 pieces against 16.4 s whole; bucket_brigade's
+# (256 envs, 17 MiB) was slower cut in 4 (0.40 against 0.32 s) and stays whole.
+CPU_PIECE_BYTES = 128 * 2**20
 # Keys that may differ when resuming; everything else must match the saved run.
 RESUME_MUTABLE = {"total_steps", "progress", "tensorboard", "checkpoint_every", "checkpoint_minutes", "keep_checkpoints", "eval_episodes", "device", "torch_threads", "run_dir",
                   "wandb", "wandb_project", "wandb_mode"}
@@ -77,7 +81,7 @@ def ppo_params(cfg: Config) -> PPOParams:
     return PPOParams(num_epochs=cfg.num_epochs, num_minibatches=cfg.num_minibatches, clip_coef=cfg.clip_coef,
                      vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef, max_grad_norm=cfg.max_grad_norm,
                      clip_vloss=cfg.clip_vloss, norm_adv=cfg.norm_adv, target_kl=cfg.target_kl or None,
-                     chunks=cfg.update_chunks)
+                     chunks=max(1, cfg.update_chunks))
 
 
 def ppo_batch(buf: dict[str, torch.Tensor], advantages: torch.Tensor, returns: torch.Tensor, values: torch.Tensor,
@@ -148,15 +152,20 @@ class Trainer:
                         **cfg.env_options)
         check_env(self.env, quick=True)
         check_model(cfg, self.env)
-        # Before the model: its initial weights (an orthogonal init's QR) round differently on other thread counts.
-        threads, why = runs.choose_threads(cfg.torch_threads, self.device, cfg.num_envs * self.env.num_agents,
-                                           self.dist.local_world)
-        torch.set_num_threads(threads)
-        if cfg.progress and self.main:
-            print(f"torch threads: {threads} ({why})", file=sys.stderr, flush=True)
+        # The initial weights (an orthogonal init's QR) round differently on other thread counts: built on one
+        # thread, they are the same on every machine and whatever the threads in effect before the run.
+        if self.device.type == "cpu":
+            torch.set_num_threads(1)
         with torch.random.fork_rng(devices=[]):  # the model's initial weights follow the seed; the global RNG waits
             torch.manual_seed(cfg.seed)
             self.model = build_model(cfg, self.env).to(self.device)
+        size = sum(p.numel() for p in self.model.parameters())
+        rows = cfg.batch_size * self.env.num_agents // (cfg.num_minibatches * max(1, cfg.update_chunks))
+        self.threads = runs.choose_threads(cfg.torch_threads, self.device, size * cfg.num_envs * self.env.num_agents,
+                                           size * rows, self.dist.local_world)
+        torch.set_num_threads(self.threads.collect)
+        if cfg.progress and self.main:
+            print(f"torch threads: {self.threads}", file=sys.stderr, flush=True)
         self._check_memory(self.env.reset(seed=self.env_seed))
         if self.env.num_envs != cfg.num_envs:
             self.env.close()
@@ -196,11 +205,13 @@ class Trainer:
         self.update_slots = self.learner.nonzero().squeeze(1) if self.model.slot_agnostic and partial_learner else None
         act_value = None if self.model.recurrent else self.model.act_value
         self.update_compiled = False
-        self._step = minibatch_step(self._evaluate, self.optimizer, self.hp,
-                                    sync_grads=self.dist.average_grads if self.dist.enabled else None)
         self.timer = PhaseTimer(self.device)
         self.rollout = Rollout(cfg, self.env, self.model, self.norms, self.learner, self.gen, act_value, self._amp, self.timer,
                                self.teammates, self.league, seed=self.env_seed)
+        if cfg.update_chunks == 0:
+            self.hp = replace(self.hp, chunks=self._auto_chunks())
+        self._step = minibatch_step(self._evaluate, self.optimizer, self.hp,
+                                    sync_grads=self.dist.average_grads if self.dist.enabled else None)
         if cfg.compile:
             # Shapes are fixed for the whole run (num_envs, minibatch sizes), so each compiles once (twice
             # where a remainder makes two minibatch sizes); the update step and, where the env allows,
@@ -245,12 +256,52 @@ class Trainer:
             print(f"rollout buffer: {need['rollout buffer'] / 2**20:,.1f} MiB on {self.device}"
                   + (f" ({free / 2**20:,.0f} MiB free)" if free is not None else ""), file=sys.stderr, flush=True)
         total = sum(need.values())
+        # The largest num_envs whose buffers fit (`phalanx bench suite` reports it); None where free memory is unknown.
+        self.most_envs = most = None if free is None else most_envs(cfg, self.env, record, self.model, 0.8 * free)
         if free is not None and total > 0.8 * free:
             parts = ", ".join(f"{k} {v / 2**20:,.0f}" for k, v in need.items())
-            most = most_envs(cfg, self.env, record, self.model, 0.8 * free)
             raise ConfigError(f"the run needs about {total / 2**20:,.0f} MiB ({parts}) but {self.device} has "
                               f"{free / 2**20:,.0f} MiB free; lower num_envs ({cfg.num_envs}: at most {most:,} fit "
                               f"with num_steps {cfg.num_steps}) or num_steps")
+
+    def _minibatch_activations(self) -> tuple[int, int]:
+        """(bytes, rows) of one minibatch's activations at its peak: autograd's saved tensors (`saved_bytes`)
+        per row, measured on 8 and 16 rows of the (still empty) rollout buffer so that what does not grow with
+        the rows drops out, times 2 for the gradients the backward makes of them (drone_swarm at 1,024 envs:
+        4 pieces lowered a run's peak by 341 MiB, where 3/4 of twice its 265 MiB of saved tensors is 398), for
+        a minibatch's rows."""
+        b, shape = self.rollout.buf, (self.cfg.num_steps, self.N, self.A)
+        zeros = torch.zeros(shape, device=self.device)
+        batch = ppo_batch(b, zeros, zeros, zeros, torch.ones(shape, dtype=torch.bool, device=self.device),
+                          self.model.recurrent, self.update_slots)
+        rows = -(-len(batch) // min(self.cfg.num_minibatches, len(batch)))
+        few = min(8, max(1, len(batch) // 2))
+        sizes = [saved_bytes(self._evaluate, batch.index(torch.arange(n, device=self.device)), self.hp, self.params)
+                 for n in (few, 2 * few)]
+        per_row = max(0, sizes[1] - sizes[0]) / few
+        return int(2 * per_row * rows), rows
+
+    def _auto_chunks(self) -> int:
+        """update_chunks 0: the fewest pieces of a minibatch whose activations fit in what the device has free
+        once the run's buffers are held, and on the CPU pieces of at most `CPU_PIECE_BYTES`; says so where
+        memory is why."""
+        need, rows = self._minibatch_activations()
+        pieces = math.ceil(need / CPU_PIECE_BYTES) if self.device.type == "cpu" else 1
+        free = runs.free_memory_bytes(self.device)
+        if free is not None and need > 0:
+            room = 0.8 * free
+            if need / pieces > room:
+                fit = math.ceil(need / room) if room > 0 else rows + 1
+                if fit > rows:
+                    raise ConfigError(f"a minibatch of {rows:,} rows needs about {need / 2**20:,.0f} MiB of activations and "
+                                      f"{self.device} has {free / 2**20:,.0f} MiB free after the rollout buffers: not even "
+                                      f"one row at a time fits; lower num_envs or num_steps, or raise num_minibatches")
+                pieces = fit
+                if self.cfg.progress and self.main:
+                    print(f"update: a minibatch's activations (about {need / 2**20:,.0f} MiB) do not fit in the "
+                          f"{free / 2**20:,.0f} MiB free: each minibatch runs in {pieces} pieces (update_chunks), the "
+                          f"same update", file=sys.stderr, flush=True)
+        return max(1, min(pieces, rows))
 
     def compile_update(self, backend: str = "inductor") -> None:
         """The minibatch update step captured whole (`compile_step`); `backend` for tests (aot_eager)."""
@@ -259,6 +310,7 @@ class Trainer:
 
     # -- one iteration ---------------------------------------------------------------------------
     def collect(self) -> dict[str, torch.Tensor]:
+        torch.set_num_threads(self.threads.collect)
         return self.rollout.collect()
 
     def _evaluate(self, part: PPOBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -280,6 +332,7 @@ class Trainer:
 
     def update(self) -> dict[str, torch.Tensor]:
         cfg, b = self.cfg, self.rollout.buf
+        torch.set_num_threads(self.threads.update)
         with self.timer.phase("update"):
             adv, ret, trained = self.rollout.advantages()
             values = b["values"]

@@ -393,6 +393,8 @@ def bench_trainer(
         agent_steps = trainer.cfg.batch_size * trainer.A
         rolled = measure(trainer.collect, agent_steps, seconds, trainer.device) if rollout else None
         train = measure(partial(train_iteration, trainer), agent_steps, seconds, trainer.device)
+        train["most_envs"] = trainer.most_envs  # what fits in the device's free memory, by the trainer's own check
+        train["update_chunks"] = trainer.hp.chunks
     return rolled, train
 
 
@@ -974,13 +976,14 @@ def suite_markdown(result: dict[str, Any]) -> str:
              f"Rates are agent-steps/s (env steps x num_agents, summed over envs; the fastest 0.25 s window of "
              f"{result['settings']['seconds']:g} s after one warm-up iteration). Training runs collect + update with "
              "the workload's own training config. Peak memory: "
-             + _memory_text(result["rows"]), "",
+             + _memory_text(result["rows"]) + " Fits: the largest num_envs whose buffers fit in 80% of the device's "
+             "free memory, by the trainer's own check (and the pieces each minibatch runs in, update_chunks).", "",
              ]
     modes = [m for m in result["settings"].get("modes", ["eager"]) if m != "eager"]
     ref = any(r.get("ref") for r in result["rows"])
     head = ["workload", "agents", "steps", "model", "num_envs", "env-only", "training"] + modes + (["minimal loop"] if ref else [])
-    lines += ["| " + " | ".join(head + ["peak memory", "note"]) + " |",
-              "|---|--:|--:|---|" + "--:|" * (len(head) - 4) + "--:|---|"]
+    lines += ["| " + " | ".join(head + ["peak memory", "fits", "note"]) + " |",
+              "|---|--:|--:|---|" + "--:|" * (len(head) - 4) + "--:|--:|---|"]
     for r in result["rows"]:
         w = result["workloads"][r["workload"]]
         mem = r["peak_memory"]["bytes"] if r["peak_memory"] else None
@@ -993,7 +996,7 @@ def suite_markdown(result: dict[str, Any]) -> str:
         notes = ([r["note"]] if r["note"] else []) + [f"{m}: {got[m]['note']}" for m in modes if m in got and got[m].get("note")]
         lines.append(f"| {r['workload']} | {w['num_agents']} | {w['num_steps']} | {w['model']} | {r['num_envs']} | "
                      f"{_fmt(_sps(r['env']))} | {_fmt(_sps(r['train']))} | " + "".join(f"{c} | " for c in cells)
-                     + f"{', '.join(mems)} | {'; '.join(notes)} |")
+                     + f"{', '.join(mems)} | {_fits(r)} | {'; '.join(notes)} |")
     sb3 = result.get("sb3")
     if sb3:
         ratio = f" = {sb3['phalanx_over_sb3']:.1f}x SB3" if sb3["phalanx_over_sb3"] else ""
@@ -1003,6 +1006,16 @@ def suite_markdown(result: dict[str, Any]) -> str:
     if result.get("profile"):
         lines += ["", "## Update-cycle profile", "", profile_markdown(result["profile"])]
     return "\n".join(lines) + "\n"
+
+
+def _fits(row: dict[str, Any]) -> str:
+    """The largest num_envs whose run fits in 80% of the device's free memory, and the pieces each minibatch
+    runs in where that is more than one (update_chunks)."""
+    train = row["train"] or {}
+    if train.get("most_envs") is None:
+        return ""
+    chunks = train.get("update_chunks", 1)
+    return f"{train['most_envs']:,}" + (f" ({chunks} pieces)" if chunks > 1 else "")
 
 
 def _memory_text(rows: list[dict[str, Any]]) -> str:

@@ -12,9 +12,11 @@ from phalanx.algo.ppo import (
     minibatch_step,
     ppo_losses,
     ppo_update,
+    saved_bytes,
 )
 
 __all__ = [
     "Adam", "Normalizers", "PPOBatch", "PPOParams", "RewardScaler", "RunningMeanStd", "compute_gae", "explained_variance",
     "adam_update", "compile_step", "masked_mean", "minibatch_step", "pending_bootstrap", "ppo_losses", "ppo_update",
+    "saved_bytes",
 ]

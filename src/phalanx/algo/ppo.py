@@ -187,6 +187,24 @@ def ppo_losses(
     }
 
 
+def saved_bytes(evaluate: EvaluateFn, part: PPOBatch, hp: PPOParams, params: list[torch.Tensor]) -> int:
+    """Bytes autograd keeps for the backward of `part`'s losses (the parameters left out): the activations a
+    minibatch step holds at its peak, measured by running the forward once with nothing kept after."""
+    own = {p.untyped_storage().data_ptr() for p in params}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in own:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logp, ent, value = evaluate(part)
+        ppo_losses(logp, ent, value, part, hp)
+    return sum(seen.values())
+
+
 def explained_variance(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     var_t = masked_mean((target - masked_mean(target, mask)) ** 2, mask)
     resid = target - pred

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from phalanx.config import Config
+from phalanx.config import WORLD_VALUE_MODELS, Config
 from phalanx.envs.base import VecEnv
 from phalanx.envs.spaces import Discrete
 from phalanx.errors import ConfigError
@@ -68,7 +68,7 @@ def check_model(cfg: Config, env: VecEnv) -> None:
     if cfg.mappo_values == "per_world":
         if cfg.critic != "mappo":
             raise ConfigError(f"config key 'mappo_values' is per_world, which needs critic mappo; got critic {cfg.critic}")
-        if cfg.model not in ("mlp", "role_attention") or cfg.param_sharing == "per_role":
+        if cfg.model not in WORLD_VALUE_MODELS or cfg.param_sharing == "per_role":
             raise ConfigError(f"config key 'mappo_values' is per_world, which needs model mlp or role_attention without "
                               f"param_sharing per_role; got model {cfg.model}, param_sharing {cfg.param_sharing}")
     space = env.action_space
