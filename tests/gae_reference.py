@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 def forward_reference(r, v, nv, term, trunc, active, trial_end, gamma, lam, stop, active_after=True):
-    """Advantage of each step of one slot, by the boundary table of the README, walking forward.
+    """Advantage of each step of one slot, by the boundary table of docs/DESIGN.md section 2, walking forward.
     `active_after`: whether the slot acts right after the rollout (at the observation `nv[-1]` values)."""
     T = len(r)
 

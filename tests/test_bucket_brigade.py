@@ -237,7 +237,7 @@ def test_observation_layout_after_a_night():
     assert st[52].item() == pytest.approx(1 / 50)
 
 
-EXPECTED = {  # (beta, kappa, p_ignite, c, min_nights, rho, A_team, L_team), WORKLOADS.md section 1
+EXPECTED = {  # (beta, kappa, p_ignite, c, min_nights, rho, A_team, L_team), docs/WORKLOADS.md section 1
     "default": (0.25, 0.5, 0.02, 0.5, 12, 0.2, 100, 100),
     "easy": (0.1, 0.8, 0.01, 0.5, 10, 0.2, 100, 100),
     "hard": (0.4, 0.3, 0.05, 0.5, 15, 0.2, 100, 100),

@@ -1,4 +1,4 @@
-"""Memory actor-critics: sequence forward == step forward replayed (DESIGN.md section 4)."""
+"""Memory actor-critics: sequence forward == step forward replayed (docs/DESIGN.md section 4)."""
 
 import pytest
 import torch

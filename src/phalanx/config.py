@@ -248,7 +248,7 @@ def resolve(*layers: dict[str, Any] | None) -> Config:
         base["norm_value"] = True
     if ("mappo_values" not in base and base.get("critic") == "mappo" and base.get("model", Config.model) in WORLD_VALUE_MODELS
             and base.get("param_sharing", Config.param_sharing) != "per_role"):
-        base["mappo_values"] = "per_world"  # as fast or faster per pass and learns as well (README, mappo_values)
+        base["mappo_values"] = "per_world"  # as fast or faster per pass and learns as well (docs/GUIDE.md, mappo_values)
     values = {}
     for key, value in base.items():
         value = _coerce(key, value)

@@ -1,7 +1,7 @@
-"""The rollout: buffers on the device, the envs in play, and `collect` (DESIGN.md section 2).
+"""The rollout: buffers on the device, the envs in play, and `collect` (docs/DESIGN.md section 2).
 
 The buffer owns what is known at collection time, including each step's bootstrap value
-(`next_values`) by the one rule of the README's boundary table, and computes advantages from it.
+(`next_values`) by the one rule of the boundary table (docs/DESIGN.md section 2), and computes advantages from it.
 """
 
 from __future__ import annotations
@@ -274,7 +274,7 @@ class Rollout:
         return self.norms.value.denormalize(v) if self.norms.value is not None else v
 
     def final_values(self, rec: StepRecord, next_value: torch.Tensor) -> torch.Tensor:
-        """The bootstrap of this step (README, boundary table): V(final_obs) where the slot was truncated,
+        """The bootstrap of this step (docs/DESIGN.md section 2, boundary table): V(final_obs) where the slot was truncated,
         else `next_value`, V of the observation that follows, also across a trial end (terminated
         steps ignore it)."""
         trunc, state = rec.truncated, rec.final_state

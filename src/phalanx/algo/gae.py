@@ -1,4 +1,4 @@
-"""Generalized advantage estimation with the boundary semantics of DESIGN.md section 2."""
+"""Generalized advantage estimation with the boundary semantics of docs/DESIGN.md section 2."""
 
 from __future__ import annotations
 

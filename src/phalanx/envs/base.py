@@ -1,4 +1,4 @@
-"""The batched environment protocol of DESIGN.md sections 1-2."""
+"""The batched environment protocol of docs/DESIGN.md sections 1-2."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Bucket brigade: cooperative fire fighting on a ring of 10 houses (WORKLOADS.md section 1).
+"""Bucket brigade: cooperative fire fighting on a ring of 10 houses (docs/WORKLOADS.md section 1).
 
 `A` agents (2..10, default 4) share a ring of 10 houses, each Safe (0), Burning (1) or Ruined (2).
 Agent `i` owns house `i % 10`. Every night each agent picks `[house 0..9, mode REST=0 / WORK=1]`
@@ -61,7 +61,7 @@ actions (2A), scenario info (10), night / max_nights (1).
 info (each [N] float32, set where the episode ended, 0 elsewhere): houses_saved, houses_ruined,
 nights, team_return (sum over agents of the episode's rewards).
 
-Scripted policies (`scripted_names`): the five archetypes of WORKLOADS.md plus "random" (uniform over
+Scripted policies (`scripted_names`): the five archetypes of docs/WORKLOADS.md plus "random" (uniform over
 [10] x [2]). Baseline policy: work with probability `work_tendency * (1 - rest_bias)`; a worker goes
 to its own house if it burns (with probability own_priority), else to a uniformly random burning
 house (possibly its own), else it works at home (paying `-c`, as the archetype decided to work);

@@ -1,4 +1,4 @@
-"""drone_swarm: sensors, relays and a cluster head localising victims (WORKLOADS.md section 2).
+"""drone_swarm: sensors, relays and a cluster head localising victims (docs/WORKLOADS.md section 2).
 
 World. A square search area `[0, size]^2` (metres, x east, y north) with the home base at its centre
 (on the ground). `A` drones (`num_agents`, 3..16, default 4) with roles (`roles` [A], `role_names`
@@ -49,7 +49,7 @@ step's reward (with the battery penalty when it is more than 15 m from home), is
 `terminated` on that step, and is inactive (`active` False, reward 0, removed from links, neighbours
 and collisions) for the rest of the episode.
 
-Reward per drone and step, before scaling (relative weights of WORKLOADS.md), `reward_terms`:
+Reward per drone and step, before scaling (relative weights of docs/WORKLOADS.md), `reward_terms`:
 coverage +10 per cell it newly covered (`coverage_weight`: on sar a full sweep pays 64,000 against 200
 per victim, so a return-maximising swarm has no reason to triangulate; training defaults to 0.1, where
 a full sweep pays about as much as the victims); victim +50 per victim the swarm confirmed this step (team

@@ -1,4 +1,4 @@
-"""duel: 1v1 platform fighting, two symmetric fighters per env (WORKLOADS.md section 5).
+"""duel: 1v1 platform fighting, two symmetric fighters per env (docs/WORKLOADS.md section 5).
 
 Units are stage units and seconds; one step is 1/30 s. Positions are a fighter's feet; its hurtbox
 is a box 0.8 wide and 1.0 tall standing on them.

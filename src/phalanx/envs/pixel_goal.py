@@ -1,4 +1,4 @@
-"""pixel_goal: pixels-only goal reaching in a top-down tile world (WORKLOADS.md section 4).
+"""pixel_goal: pixels-only goal reaching in a top-down tile world (docs/WORKLOADS.md section 4).
 
 The world
 ---------

@@ -1,4 +1,4 @@
-"""trial_nav: multi-trial navigation with co-players (WORKLOADS.md section 3).
+"""trial_nav: multi-trial navigation with co-players (docs/WORKLOADS.md section 3).
 
 The world (`TrialNavWorld`, one trial) is a 7 x 7 grid: a 5 x 5 room (cells 1..5 on both axes)
 inside a wall with four exits in the middle of the walls: 0 N (0, 3), 1 E (3, 6), 2 S (6, 3), 3 W (3, 0).

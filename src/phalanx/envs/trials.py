@@ -1,4 +1,4 @@
-"""Multi-trial episodes (DESIGN.md section 2, `trial_end`): `MultiTrialEnv` wraps a seedable env.
+"""Multi-trial episodes (docs/DESIGN.md section 2, `trial_end`): `MultiTrialEnv` wraps a seedable env.
 
 An episode of `k` trials (1..8) replays one world `k` times: the wrapper draws one seed per episode
 per env and, at every trial start, re-creates the world from that seed, so every trial of an episode

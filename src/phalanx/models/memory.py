@@ -4,7 +4,7 @@ Both use the same action heads as `MLPActorCritic` and read observations whose l
 the agent axis A (A = 1 for single-agent envs). The agent axis is folded into the batch: memory is
 kept per (env, agent) slot, flattened row-major, so slot index = env * A + agent.
 
-Two forwards, equal to 1e-5 in float32 (DESIGN.md section 4):
+Two forwards, equal to 1e-5 in float32 (docs/DESIGN.md section 4):
 
 Step forward (rollouts; call under `torch.no_grad()`, it updates `state` in place)::
 

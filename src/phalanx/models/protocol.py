@@ -1,7 +1,7 @@
-"""The model interface the trainer, policies and the league rely on (DESIGN.md section 4).
+"""The model interface the trainer, policies and the league rely on (docs/DESIGN.md section 4).
 
 Every model declares its capabilities as attributes (class attributes where they cannot change):
-the trainer reads them, never probes for methods. `tests/test_model_registry.py` checks every
+the trainer reads them, never probes for methods. `tests/test_structure.py` checks every
 registered model against these protocols.
 """
 

@@ -1,4 +1,4 @@
-"""Strategy-encoder actor-critic for the 1v1 `duel` workload (WORKLOADS.md section 5).
+"""Strategy-encoder actor-critic for the 1v1 `duel` workload (docs/WORKLOADS.md section 5).
 
 A causal transformer over the opponent's features, one token per step, summarises how the opponent
 has played in this episode into a strategy latent z_t of `latent_tokens` tokens; the embedded
