@@ -143,6 +143,7 @@ def run_benchmarl(task: str, seed: int, frames: int, eval_every: int, episodes: 
 def run_phalanx(task: str, seed: int, frames: int, eval_every: int, episodes: int, device: str, out: Path,
                 settings: dict[str, str] | None = None) -> dict:
     from phalanx import checkpoint as ckpt
+    from phalanx import runs as phalanx_runs
     from phalanx.config import resolve
     from phalanx.evaluate import evaluate_policy
     from phalanx.policy import load
@@ -164,7 +165,7 @@ def run_phalanx(task: str, seed: int, frames: int, eval_every: int, episodes: in
     finally:
         trainer.close()
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    cfg = ckpt.load_run_config(run_dir)
+    cfg = phalanx_runs.load_run_config(run_dir)
     curve = []
     for path in sorted((run_dir / "checkpoints").iterdir()):
         step = int(path.name.split("_")[-1])

@@ -4,18 +4,23 @@ model keeps the written model interface."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 from pathlib import Path
 
 import pytest
 import torch
 
-from phalanx.config import FIELDS, MEMORY_MODELS, resolve
+from phalanx.algo import GAEParams, PPOParams
+from phalanx.config import FIELDS, params_of, resolve
 from phalanx.envs import make
+from phalanx.models.kinds import KINDS
 from phalanx.models.mlp import ActionHead
 from phalanx.models.protocol import ActorCritic, FeedForwardActorCritic, RecurrentActorCritic
 from phalanx.models.registry import MODELS, build_model
 
 SRC = Path(__file__).resolve().parents[1] / "src"
+# The workload zoo (paths under src/phalanx).
+ZOO_DIRS = ("envs/",)
 # Third-party modules a function may import on use: optional extras, or imports that cost a second
 # and serve one command (TensorBoard writer, progress bar, plots, recordings, the gym/pz/vmas adapters).
 LAZY_THIRD_PARTY = ("torch.utils.tensorboard", "rich", "matplotlib", "PIL", "imageio", "gymnasium", "pettingzoo",
@@ -110,9 +115,34 @@ def test_functions_import_no_project_module_and_only_listed_third_party_ones():
 
 # -- the model interface -------------------------------------------------------------------------
 
+def test_model_names_are_written_in_one_place():
+    """models/kinds.py names the models; the code refers to its kinds (the zoo's envs may name a model as a config
+    value in their training defaults, as a user's config does)."""
+    names, found = set(KINDS), []
+    for path in sorted((SRC / "phalanx").rglob("*.py")):
+        rel = path.relative_to(SRC / "phalanx").as_posix()
+        if rel == "models/kinds.py" or rel.startswith(ZOO_DIRS):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in names:
+                found.append(f"{rel}:{node.lineno} {node.value!r}")
+    assert not found, found
+
+
+def test_every_hyperparameter_object_field_is_a_config_key():
+    """PPOParams and GAEParams are filled from the config by their fields' names (config.params_of): no list of keys
+    is copied by hand, and a field without a key would fail here rather than silently keep its default."""
+    for cls in (PPOParams, GAEParams):
+        missing = [f.name for f in dataclasses.fields(cls) if f.name not in FIELDS]
+        assert not missing, (cls.__name__, missing)
+    cfg = resolve({"env": "cartpole", "clip_coef": 0.3, "gamma": 0.97, "target_kl": 0.02, "vf_clip_coef": 0.5})
+    hp, gae = params_of(PPOParams, cfg), params_of(GAEParams, cfg)
+    assert (hp.clip_coef, hp.target_kl, hp.vf_clip_coef, gae.gamma) == (0.3, 0.02, 0.5, 0.97)
+
+
 def test_config_model_choices_are_the_registered_models():
     assert set(FIELDS["model"].metadata["choices"]) == set(MODELS)
-    assert set(MEMORY_MODELS) == {name for name, spec in MODELS.items() if spec.recurrent}
+    assert all(spec.kind is KINDS[name] for name, spec in MODELS.items())
 
 
 ENV_FOR = {"mlp": "cartpole", "lstm": "cartpole", "transformer": "cartpole", "strategy": "duel", "cnn": "pixel_goal",
