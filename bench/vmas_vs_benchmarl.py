@@ -8,7 +8,7 @@ Every (library, task, seed) trains in its own process, one after the other, with
 count. BenchMARL runs its tuned VMAS MAPPO (600 worlds x 100 steps a batch, MLP 256x256 tanh, lr 5e-5,
 gamma 0.9, lambda 0.9, 45 passes over 15 minibatches, shared parameters, critic on all observations) on its
 task settings (conf/task/vmas/<task>.yaml). Phalanx runs `--env vmas:<task>` on its own defaults for the
-task (src/phalanx/envs/vmas_adapter.py). Both are evaluated every `--eval-every` frames the way BenchMARL
+task (src/phalanx/envs/adapters/vmas.py). Both are evaluated every `--eval-every` frames the way BenchMARL
 evaluates: `--eval-episodes` fresh episodes with deterministic actions, each cut at its first done, the
 reward summed over the episode and averaged over agents and episodes. The clock is training time only:
 BenchMARL's evaluations are subtracted from its wall-clock; Phalanx's policies are evaluated after training

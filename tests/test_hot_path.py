@@ -5,11 +5,11 @@ import re
 
 from phalanx.algo import gae, ppo, ppo_batch
 from phalanx.config import resolve
-from phalanx.envs import cartpole, pendulum
 from phalanx.episodes import EpisodeCounters
 from phalanx.models import distributions, mlp
 from phalanx.rollout import BatchEvaluator, Rollout
 from phalanx.trainer import Trainer
+from phalanx.zoo import cartpole, pendulum
 
 HOST_READS = re.compile(r"\.item\(\)|\.cpu\(\)|\.numpy\(\)|\.tolist\(\)|(?<![.\w])(float|int|bool)\(")
 

@@ -63,7 +63,6 @@ import torch
 from phalanx import devices
 from phalanx.config import resolve
 from phalanx.envs import make, registered, registry
-from phalanx.envs.bucket_brigade import SCENARIOS
 from phalanx.errors import ConfigError, PhalanxError, one_line
 from phalanx.slots import random_actions
 from phalanx.trainer import Trainer
@@ -1184,8 +1183,9 @@ def _check_bucket_brigade(args: argparse.Namespace) -> None:
         raise BenchError("bench: --sb3 applies to the cartpole target only")
     if args.scenario is None:
         args.scenario = "default"
-    if args.scenario not in SCENARIOS:
-        raise BenchError(f"bench: unknown bucket_brigade scenario '{args.scenario}'; allowed: {', '.join(SCENARIOS)}")
+    scenarios = registry.spec("bucket_brigade").options["scenario"].choices  # the env's SCENARIOS, in order
+    if args.scenario not in scenarios:
+        raise BenchError(f"bench: unknown bucket_brigade scenario '{args.scenario}'; allowed: {', '.join(scenarios)}")
     for n in args.num_envs:  # the config checks (num_minibatches <= num_envs x steps, ...)
         try:
             bucket_brigade_config(n, args.steps, "", args.threads, args.device, args.scenario)
