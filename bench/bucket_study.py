@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from phalanx.envs.bucket_brigade import SCENARIOS
+from phalanx.zoo.bucket_brigade import SCENARIOS
 
 TEAMS = ("firefighter", "free_rider", "hero", "coordinator", "liar", "random")
 

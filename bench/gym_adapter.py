@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-from phalanx.envs.gym_adapter import GymVecEnv
+from phalanx.envs.adapters.gym import GymVecEnv
 
 
 def measure(env_id: str, num_envs: int, steps: int, rounds: int, seed: int) -> dict:

@@ -8,7 +8,7 @@ Every (library, task, seed) trains in its own process, one after the other, with
 count. BenchMARL runs its tuned VMAS MAPPO (600 worlds x 100 steps a batch, MLP 256x256 tanh, lr 5e-5,
 gamma 0.9, lambda 0.9, 45 passes over 15 minibatches, shared parameters, critic on all observations) on its
 task settings (conf/task/vmas/<task>.yaml). Phalanx runs `--env vmas:<task>` on its own defaults for the
-task (src/phalanx/envs/vmas_adapter.py). Both are evaluated every `--eval-every` frames the way BenchMARL
+task (src/phalanx/envs/adapters/vmas.py). Both are evaluated every `--eval-every` frames the way BenchMARL
 evaluates: `--eval-episodes` fresh episodes with deterministic actions, each cut at its first done, the
 reward summed over the episode and averaged over agents and episodes. The clock is training time only:
 BenchMARL's evaluations are subtracted from its wall-clock; Phalanx's policies are evaluated after training
@@ -22,7 +22,7 @@ The cost of the machinery, apart from how many passes each library makes: per ba
 one optimisation pass over the batch (the batch's update time, GAE included, divided by its passes), averaged
 over the run's batches; BenchMARL's from its callbacks, Phalanx's from the trainer's phase clock. Each
 library's process is set up as its own command sets it up (Phalanx's: `phalanx train`'s host allocator
-settings, `runs.tune_host_allocator`).
+settings, `devices.tune_host_allocator`).
 
 Writes OUT/runs.json (every curve), OUT/table.md and OUT/curves.png.
 """
@@ -145,6 +145,7 @@ def run_benchmarl(task: str, seed: int, frames: int, eval_every: int, episodes: 
 def run_phalanx(task: str, seed: int, frames: int, eval_every: int, episodes: int, device: str, out: Path,
                 settings: dict[str, str] | None = None) -> dict:
     from phalanx import checkpoint as ckpt
+    from phalanx import devices
     from phalanx import runs as phalanx_runs
     from phalanx.config import resolve
     from phalanx.evaluate import evaluate_policy
@@ -153,7 +154,7 @@ def run_phalanx(task: str, seed: int, frames: int, eval_every: int, episodes: in
 
     # The process a user's `phalanx train` runs in: freed host memory kept for the next update (without it,
     # navigation's optimisation pass measured 1.27 s against 1.11 s, 2-core CPU).
-    phalanx_runs.tune_host_allocator()
+    devices.tune_host_allocator()
     run_dir = out / "run"
     start = time.time()
     cfg = resolve({"env": f"vmas:{task}", "seed": seed, "total_steps": frames, "device": device, "run_dir": str(run_dir),
@@ -170,7 +171,7 @@ def run_phalanx(task: str, seed: int, frames: int, eval_every: int, episodes: in
     finally:
         trainer.close()
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    cfg = ckpt.load_run_config(run_dir)
+    cfg = phalanx_runs.load_run_config(run_dir)
     curve = []
     for path in sorted((run_dir / "checkpoints").iterdir()):
         step = int(path.name.split("_")[-1])

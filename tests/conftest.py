@@ -6,7 +6,7 @@ import torch
 # Two cores on CI, shared with the other xdist worker: one thread per worker avoids oversubscription.
 torch.set_num_threads(1)
 # ... and each worker on a CPU of its own, so that a trainer choosing its threads from the work
-# (runs.choose_threads) finds one CPU, as do the CLI runs the tests start.
+# (devices.choose_threads) finds one CPU, as do the CLI runs the tests start.
 if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw") and hasattr(os, "sched_setaffinity"):
     _cpus = sorted(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {_cpus[int(os.environ["PYTEST_XDIST_WORKER"][2:]) % len(_cpus)]})
@@ -15,7 +15,7 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 
 @pytest.fixture(autouse=True)
 def one_torch_thread():
-    # A trainer with torch_threads 0 picks the count from its batch (runs.choose_threads): back to one
+    # A trainer with torch_threads 0 picks the count from its batch (devices.choose_threads): back to one
     # after each test, so a large-batch test leaves no pool behind for the worker's next tests.
     yield
     torch.set_num_threads(1)

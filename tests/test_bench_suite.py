@@ -117,9 +117,9 @@ def test_rows_that_cannot_run_are_skipped_with_a_note(tmp_path, capsys, monkeypa
     row, = json.loads(capsys.readouterr().out)["rows"]
     assert row["note"].startswith("skipped: above pixel_goal's cap") and row["train"] is None and row["env"] is None
     # A rollout buffer that would not fit in the free memory: the Trainer's ConfigError becomes the note.
-    from phalanx import runs
+    from phalanx import devices
 
-    monkeypatch.setattr(runs, "free_memory_bytes", lambda device: 1024)
+    monkeypatch.setattr(devices, "free_memory_bytes", lambda device: 1024)
     assert main(["bench", "suite", "--workloads", "cartpole", *TINY, "--out", str(tmp_path), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["rows"][0]["note"].startswith("skipped: the run needs")

@@ -218,13 +218,13 @@ def test_recurrent_update_trains_every_segment(tmp_path):
     trainer = Trainer(cfg)
     try:
         rows: list[list[int]] = []
-        inner = trainer._step
+        inner = trainer.update_step
 
         def spy(batch, idx):  # the step gathers its minibatch `batch.index(idx)` itself
             rows.append(batch.index(idx).rows.tolist())
             return inner(batch, idx)
 
-        trainer._step = spy
+        trainer.update_step = spy
         trainer.collect()
         trainer.update()
         assert len(rows) == 2 * 4

@@ -6,7 +6,9 @@ import pytest
 import torch
 
 import phalanx.envs as penvs
-from phalanx.envs.bucket_brigade import (
+from phalanx.envs.spaces import MultiDiscrete
+from phalanx.errors import ConfigError
+from phalanx.zoo.bucket_brigade import (
     ARCHETYPES,
     BURNING,
     REST,
@@ -18,8 +20,6 @@ from phalanx.envs.bucket_brigade import (
     decode_houses,
     encode_houses,
 )
-from phalanx.envs.spaces import MultiDiscrete
-from phalanx.errors import ConfigError
 
 
 def _houses(n: int, burning=(), ruined=()) -> torch.Tensor:

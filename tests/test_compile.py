@@ -87,7 +87,7 @@ def test_compiled_update_step_calls_no_foreach_kernels(tmp_path):
 
     t = Trainer(resolve(dict(CFG, num_envs=4, num_steps=8, run_dir=str(tmp_path / "r"))))
     try:
-        t._step = compile_step(t._step, dynamic=False, backend=recording_backend)
+        t.update_step = compile_step(t.update_step, dynamic=False, backend=recording_backend)
         before = [p.detach().clone() for p in t.model.parameters()]
         t.collect()
         t.update()

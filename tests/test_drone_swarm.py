@@ -7,8 +7,8 @@ import torch
 
 from phalanx.config import FIELDS
 from phalanx.envs import make, spec
-from phalanx.envs.drone_swarm import CLUSTER_HEAD, RELAY, REWARD_TERMS, SENSOR, DroneSwarmEnv
 from phalanx.errors import ConfigError
+from phalanx.zoo.drone_swarm import CLUSTER_HEAD, RELAY, REWARD_TERMS, SENSOR, DroneSwarmEnv
 
 SCALE = 0.01
 HOME = (200.0, 200.0)  # sar: home at the centre of the 400 m square

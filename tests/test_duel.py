@@ -6,7 +6,9 @@ import pytest
 import torch
 
 import phalanx.envs as penvs
-from phalanx.envs.duel import (
+from phalanx.envs.spaces import Box, MultiDiscrete
+from phalanx.errors import ConfigError
+from phalanx.zoo.duel import (
     FEATURES,
     HEAVY,
     HELD,
@@ -24,8 +26,6 @@ from phalanx.envs.duel import (
     DuelEnv,
     mirror_features,
 )
-from phalanx.envs.spaces import Box, MultiDiscrete
-from phalanx.errors import ConfigError
 
 F = {name: i for i, name in enumerate(FEATURES)}
 

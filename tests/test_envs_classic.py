@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import phalanx.envs as penvs
-from phalanx.envs.cartpole import CartPoleEnv, cartpole_dynamics
-from phalanx.envs.pendulum import PendulumEnv
 from phalanx.envs.spaces import Box, Discrete
 from phalanx.errors import ConfigError
+from phalanx.zoo.cartpole import CartPoleEnv, cartpole_dynamics
+from phalanx.zoo.pendulum import PendulumEnv
 
 
 def _time_limit(env: gym.Env) -> gym.wrappers.TimeLimit:

@@ -11,15 +11,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import phalanx
-from phalanx import runs
-from phalanx import trainer as trainer_module
-from phalanx.algo import saved_bytes
+from phalanx import budget, devices
+from phalanx import build as build_module
+from phalanx.algo import ppo_batch, saved_bytes
+from phalanx.budget import run_bytes
 from phalanx.cli import main
 from phalanx.config import FIELDS, resolve
 from phalanx.envs import make
 from phalanx.errors import CheckpointError, NonFiniteEnvError, PhalanxError
 from phalanx.models.registry import build_model
-from phalanx.rollout import run_bytes
 from phalanx.trainer import Trainer
 
 SMALL = dict(env="cartpole", num_envs=4, num_steps=16, num_minibatches=2, num_epochs=1, progress=False, tensorboard=False)
@@ -284,20 +284,20 @@ def test_an_impossible_num_envs_is_refused_before_the_env_is_built(tmp_path, mon
     """`--num-envs 100000000` once built the env first (14 GB and climbing, no message): the memory check now runs
     on a copy of a few envs, from declared sizes, and the full env is never made."""
     made = []
-    real_make = trainer_module.make
+    real_make = build_module.make
 
     def counting_make(name, num_envs, **kwargs):
         made.append(num_envs)
         return real_make(name, num_envs=num_envs, **kwargs)
 
-    monkeypatch.setattr(trainer_module, "make", counting_make)
-    monkeypatch.setattr(runs, "free_memory_bytes", lambda device: 8 << 30)
+    monkeypatch.setattr(build_module, "make", counting_make)
+    monkeypatch.setattr(devices, "free_memory_bytes", lambda device: 8 << 30)
     assert main(["train", "--num-envs", "100000000", "--total-steps", "1e10", "--run-dir", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("phalanx: error: the run needs about ") and "but cpu has 8,192 MiB free" in err
     most = int(re.search(r"lower num_envs \(100000000: at most ([\d,]+) fit with num_steps 64\) or num_steps$",
                          err).group(1).replace(",", ""))
-    assert max(made) <= trainer_module.PROBE_ENVS and not (tmp_path / "r").exists()
+    assert max(made) <= build_module.PROBE_ENVS and not (tmp_path / "r").exists()
     # The most that fit: its run fits in the 80% of free memory the check allows, one env more does not.
     cfg = resolve(dict(env="cartpole", total_steps=10**10))
     probe = make("cartpole", num_envs=4)
@@ -315,19 +315,19 @@ def test_a_minibatch_whose_activations_do_not_fit_runs_in_pieces_and_says_so(tmp
     the estimate (saved tensors per row, measured on 8 and 16 rows) is what autograd keeps for a whole minibatch."""
     roomy = Trainer(resolve(dict(WIDE, run_dir=str(tmp_path / "a"))))
     try:
-        need, rows = roomy._minibatch_activations()
-        assert roomy.hp.chunks == 1 and rows == 64 * 128
+        need, rows = budget.minibatch_activations(roomy.evaluate, roomy.rollout.buf, 1, False, roomy.hp, roomy.params, None)
+        assert roomy.hp.update_chunks == 1 and rows == 64 * 128
         b, shape = roomy.rollout.buf, (128, 64, 1)
         zeros = torch.zeros(shape)
-        batch = trainer_module.ppo_batch(b, zeros, zeros, zeros, torch.ones(shape, dtype=torch.bool), False, None)
-        whole = saved_bytes(roomy._evaluate, batch.index(torch.arange(rows)), roomy.hp, roomy.params)
+        batch = ppo_batch(b, zeros, zeros, zeros, torch.ones(shape, dtype=torch.bool), False, None)
+        whole = saved_bytes(roomy.evaluate, batch.index(torch.arange(rows)), roomy.hp, roomy.params)
         assert abs(need / 2 - whole) <= 0.05 * whole, (need, whole)
     finally:
         roomy.close()
-    monkeypatch.setattr(runs, "free_memory_bytes", lambda device: int(need / 3 / 0.8) + 1)
+    monkeypatch.setattr(devices, "free_memory_bytes", lambda device: int(need / 3 / 0.8) + 1)
     t = Trainer(resolve(dict(WIDE, progress=True, run_dir=str(tmp_path / "b"))))
     try:
-        assert t.hp.chunks == 3
+        assert t.hp.update_chunks == 3
         assert "each minibatch runs in 3 pieces (update_chunks), the same update" in capsys.readouterr().err
         t.collect()
         before = [p.detach().clone() for p in t.model.parameters()]
@@ -336,18 +336,18 @@ def test_a_minibatch_whose_activations_do_not_fit_runs_in_pieces_and_says_so(tmp
     finally:
         t.close()
     # On the CPU a piece holds at most CPU_PIECE_BYTES, memory or not; an explicit count is kept.
-    monkeypatch.setattr(runs, "free_memory_bytes", lambda device: 8 << 30)
-    monkeypatch.setattr(trainer_module, "CPU_PIECE_BYTES", need // 2 + 1)
+    monkeypatch.setattr(devices, "free_memory_bytes", lambda device: 8 << 30)
+    monkeypatch.setattr(budget, "CPU_PIECE_BYTES", need // 2 + 1)
     for chunks, expected, name in ((0, 2, "c"), (5, 5, "d")):
         t = Trainer(resolve(dict(WIDE, update_chunks=chunks, run_dir=str(tmp_path / name))))
-        assert t.hp.chunks == expected
+        assert t.hp.update_chunks == expected
         t.close()
 
 
 def test_activations_that_fit_not_even_a_row_at_a_time_are_refused(tmp_path, monkeypatch):
     free = iter([8 << 30, 4096])  # the buffers fit; then almost nothing is left
 
-    monkeypatch.setattr(runs, "free_memory_bytes", lambda device: next(free, 4096))
+    monkeypatch.setattr(devices, "free_memory_bytes", lambda device: next(free, 4096))
     with pytest.raises(PhalanxError, match=r"^a minibatch of 8,192 rows needs about [\d,]+ MiB of activations and cpu has "
                                            r"0 MiB free after the rollout buffers: not even one row at a time fits; lower "
                                            r"num_envs or num_steps, or raise num_minibatches$"):

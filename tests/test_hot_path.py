@@ -3,13 +3,13 @@
 import inspect
 import re
 
-from phalanx.algo import gae, ppo
+from phalanx.algo import gae, ppo, ppo_batch
 from phalanx.config import resolve
-from phalanx.envs import cartpole, pendulum
 from phalanx.episodes import EpisodeCounters
 from phalanx.models import distributions, mlp
-from phalanx.rollout import Rollout
-from phalanx.trainer import Trainer, ppo_batch
+from phalanx.rollout import BatchEvaluator, Rollout
+from phalanx.trainer import Trainer
+from phalanx.zoo import cartpole, pendulum
 
 HOST_READS = re.compile(r"\.item\(\)|\.cpu\(\)|\.numpy\(\)|\.tolist\(\)|(?<![.\w])(float|int|bool)\(")
 
@@ -20,7 +20,7 @@ def _code(obj) -> str:
 
 def test_rollout_and_update_have_no_host_reads():
     for fn in (Rollout._collect, Rollout._checked, Rollout.value, Rollout.obs_in, Rollout.advantages, EpisodeCounters,
-               Trainer.update, Trainer._evaluate, Trainer._evaluate_seq, ppo_batch, gae.compute_gae, ppo.ppo_losses,
+               Trainer.update, BatchEvaluator.__call__, BatchEvaluator.sequence, ppo_batch, gae.compute_gae, ppo.ppo_losses,
                cartpole.ClassicEnv.step, pendulum.PendulumEnv._transition, distributions,
                mlp.MLPActorCritic.act, mlp.MLPActorCritic.evaluate, mlp.MLPActorCritic.value, mlp.ActionHead.sample,
                mlp.ActionHead.log_prob, mlp.ActionHead.entropy, mlp.ActionHead.to_env):
@@ -30,7 +30,7 @@ def test_rollout_and_update_have_no_host_reads():
 def test_update_reads_host_only_for_target_kl():
     hits = [m.group(0) for m in HOST_READS.finditer(_code(ppo.ppo_update))]
     assert hits == ["float("], hits  # the optional target-KL early stop, once per epoch
-    assert "target_kl is not None and float(" in _code(ppo.ppo_update)
+    assert "if hp.target_kl and float(" in _code(ppo.ppo_update)
 
 
 def test_trainer_reads_metrics_once_per_update():

@@ -7,8 +7,9 @@ import torch
 
 import phalanx.envs as penvs
 from phalanx.config import FIELDS
-from phalanx.envs import pixel_goal as pg
-from phalanx.envs.pixel_goal import (
+from phalanx.errors import ConfigError
+from phalanx.zoo import pixel_goal as pg
+from phalanx.zoo.pixel_goal import (
     DOWN,
     FRAMES_PER_STEP,
     HOLD_FRAMES,
@@ -22,7 +23,6 @@ from phalanx.envs.pixel_goal import (
     frame_dist,
     goal_template_from_state,
 )
-from phalanx.errors import ConfigError
 
 
 def _tiles(*tiles: tuple[int, int]) -> torch.Tensor:

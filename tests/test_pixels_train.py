@@ -6,14 +6,15 @@ import pytest
 import torch
 
 import phalanx
-from phalanx import runs
+from phalanx import devices
+from phalanx.algo import ppo_batch
+from phalanx.budget import buffer_bytes, buffer_specs
 from phalanx.cli import main
 from phalanx.config import resolve
 from phalanx.envs import make
 from phalanx.errors import ConfigError
 from phalanx.models.registry import build_model
-from phalanx.rollout import buffer_bytes, buffer_specs
-from phalanx.trainer import Trainer, ppo_batch
+from phalanx.trainer import Trainer
 
 TINY = dict(env="pixel_goal", num_envs=4, num_steps=8, num_epochs=1, num_minibatches=2, cnn_channels=[4, 8, 8],
             cnn_dense=32, progress=False, tensorboard=False)
@@ -37,7 +38,7 @@ def test_uint8_buffers_and_memory_estimate(tmp_path):
 
 
 def test_refuses_buffers_that_do_not_fit(tmp_path, monkeypatch):
-    monkeypatch.setattr(runs, "free_memory_bytes", lambda device: 10 * 2**20)
+    monkeypatch.setattr(devices, "free_memory_bytes", lambda device: 10 * 2**20)
     with pytest.raises(ConfigError, match=r"lower num_envs \(64: at most 9 fit with num_steps 128\) or num_steps$"):
         Trainer(resolve(dict(TINY, num_envs=64, num_steps=128, run_dir=str(tmp_path / "r"))))
 

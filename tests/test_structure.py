@@ -4,18 +4,27 @@ model keeps the written model interface."""
 from __future__ import annotations
 
 import ast
+import dataclasses
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from phalanx.config import FIELDS, MEMORY_MODELS, resolve
-from phalanx.envs import make
+from phalanx.algo import GAEParams, PPOParams
+from phalanx.config import FIELDS, params_of, resolve
+from phalanx.envs import make, registry
+from phalanx.models.kinds import KINDS
 from phalanx.models.mlp import ActionHead
 from phalanx.models.protocol import ActorCritic, FeedForwardActorCritic, RecurrentActorCritic
 from phalanx.models.registry import MODELS, build_model
 
 SRC = Path(__file__).resolve().parents[1] / "src"
+# The workload zoo (paths under src/phalanx).
+ZOO_DIRS = ("zoo/",)
 # Third-party modules a function may import on use: optional extras, or imports that cost a second
 # and serve one command (TensorBoard writer, progress bar, plots, recordings, the gym/pz/vmas adapters).
 LAZY_THIRD_PARTY = ("torch.utils.tensorboard", "rich", "matplotlib", "PIL", "imageio", "gymnasium", "pettingzoo",
@@ -44,16 +53,38 @@ def _imported(node: ast.Import | ast.ImportFrom, modules: dict[str, Path]) -> li
     return found
 
 
-def _graph() -> dict[str, set[str]]:
+def _graph(runtime: bool = False) -> dict[str, set[str]]:
+    """Module -> the project modules it imports; `runtime`: not counting `if TYPE_CHECKING:` blocks."""
     modules = _modules()
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
+        tree = ast.parse(path.read_text())
+        if runtime:
+            for node in ast.walk(tree):
+                if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+                    node.body = []
         deps: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(tree):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 deps.update(_imported(node, modules))
         graph[name] = deps - {name}
     return graph
+
+
+def _imports_of(start: list[str], graph: dict[str, set[str]]) -> set[str]:
+    """Every project module importing `start` loads: the graph followed, and with each module its parent
+    packages (importing `a.b.c` runs `a/__init__.py` and `a/b/__init__.py` first)."""
+    seen: set[str] = set()
+    todo = list(start)
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in graph:
+            continue
+        seen.add(name)
+        parts = name.split(".")
+        todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))
+        todo.extend(graph[name])
+    return seen
 
 
 def test_import_graph_has_no_cycle():
@@ -89,6 +120,57 @@ def test_the_graph_sees_known_edges():
     assert "phalanx.envs.registry" in graph["phalanx.config"]
 
 
+def _zoo_or_adapter(name: str) -> bool:
+    return name == "phalanx.zoo" or name.startswith(("phalanx.zoo.", "phalanx.envs.adapters"))
+
+
+def test_config_and_algo_import_no_zoo_module_or_adapter():
+    # The env protocol (phalanx.envs) stands alone: reading the config schema or running the algorithm
+    # imports none of the workloads and none of the adapters; the registry imports them by name, on use.
+    graph = _graph(runtime=True)
+    starts = ["phalanx.config", *sorted(n for n in graph if n == "phalanx.algo" or n.startswith("phalanx.algo."))]
+    assert len(starts) > 2 and {"phalanx", "phalanx.envs", "phalanx.envs.registry"} <= _imports_of(starts[:1], graph)
+    for start in starts:
+        bad = sorted(n for n in _imports_of([start], graph) if _zoo_or_adapter(n))
+        assert not bad, f"importing {start} imports {', '.join(bad)}"
+
+
+def test_the_protocol_the_adapters_and_the_zoo_import_apart():
+    graph = _graph(runtime=True)
+    assert not [n for n in _imports_of(["phalanx.envs"], graph) if _zoo_or_adapter(n)]
+    assert not [n for n in _imports_of(["phalanx.envs.adapters"], graph) if n.startswith("phalanx.zoo")]
+    assert not [n for n in _imports_of(["phalanx.zoo"], graph) if _zoo_or_adapter(n) and n != "phalanx.zoo"]
+
+
+def _run_python(code: str) -> str:
+    """`code` run in a fresh interpreter on this source tree; its stdout."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120,
+                          env=env).stdout
+
+
+def test_importing_the_config_imports_no_zoo_module_or_adapter():
+    # (Not `'adapters' in m`: the standard library's importlib.metadata._adapters would match.)
+    out = _run_python("import phalanx.config, sys; "
+                      "print(sorted(m for m in sys.modules if m.startswith(('phalanx.zoo', 'phalanx.envs.adapters'))))")
+    assert out.strip() == "[]", out
+
+
+def test_the_registry_table_names_what_each_module_registers():
+    # registry.BUILT_IN / BUILT_IN_PREFIXES (the names the registry imports a module for) against what the
+    # modules register once all are imported, in a fresh process (tests register envs of their own).
+    out = json.loads(_run_python(
+        "import importlib, json, pkgutil, phalanx.zoo, phalanx.envs.adapters\n"
+        "from phalanx.envs import registry\n"
+        "for pkg in (phalanx.zoo, phalanx.envs.adapters):\n"
+        "    for m in pkgutil.iter_modules(pkg.__path__):\n"
+        "        importlib.import_module(f'{pkg.__name__}.{m.name}')\n"
+        "print(json.dumps({'envs': {n: s.factory.__module__ for n, s in registry._REGISTRY.items()},\n"
+        "                  'prefixes': {p: f.__module__ for p, f in registry._PREFIX_FACTORIES.items()}}))"))
+    assert out["envs"] == registry.BUILT_IN
+    assert out["prefixes"] == registry.BUILT_IN_PREFIXES
+
+
 def test_functions_import_no_project_module_and_only_listed_third_party_ones():
     bad = []
     for path in sorted(SRC.rglob("*.py")):
@@ -110,9 +192,34 @@ def test_functions_import_no_project_module_and_only_listed_third_party_ones():
 
 # -- the model interface -------------------------------------------------------------------------
 
+def test_model_names_are_written_in_one_place():
+    """models/kinds.py names the models; the code refers to its kinds (the zoo's envs may name a model as a config
+    value in their training defaults, as a user's config does)."""
+    names, found = set(KINDS), []
+    for path in sorted((SRC / "phalanx").rglob("*.py")):
+        rel = path.relative_to(SRC / "phalanx").as_posix()
+        if rel == "models/kinds.py" or rel.startswith(ZOO_DIRS):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in names:
+                found.append(f"{rel}:{node.lineno} {node.value!r}")
+    assert not found, found
+
+
+def test_every_hyperparameter_object_field_is_a_config_key():
+    """PPOParams and GAEParams are filled from the config by their fields' names (config.params_of): no list of keys
+    is copied by hand, and a field without a key would fail here rather than silently keep its default."""
+    for cls in (PPOParams, GAEParams):
+        missing = [f.name for f in dataclasses.fields(cls) if f.name not in FIELDS]
+        assert not missing, (cls.__name__, missing)
+    cfg = resolve({"env": "cartpole", "clip_coef": 0.3, "gamma": 0.97, "target_kl": 0.02, "vf_clip_coef": 0.5})
+    hp, gae = params_of(PPOParams, cfg), params_of(GAEParams, cfg)
+    assert (hp.clip_coef, hp.target_kl, hp.vf_clip_coef, gae.gamma) == (0.3, 0.02, 0.5, 0.97)
+
+
 def test_config_model_choices_are_the_registered_models():
     assert set(FIELDS["model"].metadata["choices"]) == set(MODELS)
-    assert set(MEMORY_MODELS) == {name for name, spec in MODELS.items() if spec.recurrent}
+    assert all(spec.kind is KINDS[name] for name, spec in MODELS.items())
 
 
 ENV_FOR = {"mlp": "cartpole", "lstm": "cartpole", "transformer": "cartpole", "strategy": "duel", "cnn": "pixel_goal",

@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from phalanx import runs
+from phalanx import devices
 from phalanx.config import resolve
 from phalanx.trainer import Trainer
 
@@ -18,16 +18,16 @@ def four_cpus(monkeypatch):
 
 
 def test_small_calls_run_on_one_thread_and_large_ones_on_the_cpus_this_process_may_use(four_cpus):
-    cpu, big = torch.device("cpu"), runs.THREADED_WORK
-    small = runs.choose_threads(0, cpu, 32 * 9155, 512 * 9155)  # cartpole's defaults
+    cpu, big = torch.device("cpu"), devices.THREADED_WORK
+    small = devices.choose_threads(0, cpu, 32 * 9155, 512 * 9155)  # cartpole's defaults
     assert (small.collect, small.update) == (1, 1)
-    mixed = runs.choose_threads(0, cpu, big - 1, big)  # a small rollout step, a large minibatch
+    mixed = devices.choose_threads(0, cpu, big - 1, big)  # a small rollout step, a large minibatch
     assert (mixed.collect, mixed.update) == (1, CPUS)
     assert "1 to collect, 4 to update (auto: 4 CPUs" in str(mixed)
-    assert runs.choose_threads(0, cpu, big, big).collect == CPUS
-    assert runs.choose_threads(0, cpu, 10**12, 10**12, local_ranks=CPUS * 2).update == 1  # ranks on a node share its CPUs
-    assert runs.choose_threads(0, cpu, 10**12, 10**12, local_ranks=2).update == CPUS // 2
-    assert runs.choose_threads(3, cpu, 32, 32) == runs.Threads(3, 3, "torch_threads")  # an explicit count is kept
+    assert devices.choose_threads(0, cpu, big, big).collect == CPUS
+    assert devices.choose_threads(0, cpu, 10**12, 10**12, local_ranks=CPUS * 2).update == 1  # ranks on a node share its CPUs
+    assert devices.choose_threads(0, cpu, 10**12, 10**12, local_ranks=2).update == CPUS // 2
+    assert devices.choose_threads(3, cpu, 32, 32) == devices.Threads(3, 3, "torch_threads")  # an explicit count is kept
 
 
 @pytest.mark.parametrize(("over", "expected"), [

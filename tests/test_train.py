@@ -13,6 +13,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 import phalanx
+import phalanx.zoo.cartpole
 from phalanx import checkpoint as ckpt
 from phalanx.errors import CheckpointError, ConfigError, NonFiniteLossError, StorageError
 from phalanx.evaluate import evaluate_policy
@@ -201,7 +202,7 @@ def test_pickle_payload_is_never_executed(tmp_path):
         assert not marker.exists()
 
 
-class NaNRewardEnv(phalanx.envs.cartpole.CartPoleEnv):
+class NaNRewardEnv(phalanx.zoo.cartpole.CartPoleEnv):
     """CartPole whose rewards turn NaN after a number of steps: a broken user env."""
 
     def __init__(self, *a, nan_after: int = 40, **kw):
@@ -333,7 +334,7 @@ def test_quiet_records_are_what_they_claim_and_skipping_their_tests_changes_noth
     from dataclasses import replace
 
     from phalanx.config import resolve
-    from phalanx.envs.gym_adapter import GymVecEnv
+    from phalanx.envs.adapters.gym import GymVecEnv
     from phalanx.trainer import Trainer
 
     step = GymVecEnv.step

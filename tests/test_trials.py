@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from phalanx.envs import make
-from phalanx.envs.cartpole import CartPoleEnv
-from phalanx.envs.trial_nav import DOORS, GRID, STEP_PENALTY, TrialNavEnv, TrialNavWorld, seed_draws
 from phalanx.envs.trials import MultiTrialEnv
 from phalanx.errors import ConfigError
+from phalanx.zoo.cartpole import CartPoleEnv
+from phalanx.zoo.trial_nav import DOORS, GRID, STEP_PENALTY, TrialNavEnv, TrialNavWorld, seed_draws
 
 K, L = 4, 7
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 # Before torch loads its OpenMP runtime, which reads this once: idle pool threads sleep instead of
 # spinning. Spinning threads take the cores a descheduled sibling needs when anything else runs on the
 # machine (2 threads beside one busy process: 27k steps/s spinning, 58k passive, at 4,096 cartpole envs).
-# Small batches run on one thread (runs.choose_threads), where the pool is never woken.
+# Small batches run on one thread (devices.choose_threads), where the pool is never woken.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from phalanx.version import __version__  # noqa: E402

@@ -22,8 +22,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from phalanx import runs
-from phalanx.config import Config, resolve
-from phalanx.envs import registry
+from phalanx.config import Config
 from phalanx.errors import CheckpointError, StorageError, storage_reason
 
 FORMAT_VERSION = 1
@@ -72,6 +71,35 @@ def _contiguous(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu").clone().contiguous() for k, v in tensors.items()}
 
 
+def _write_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    save_file(_contiguous(tensors), str(path))
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+def write_tensors_atomic(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """One safetensors file (a league snapshot), written under a temporary name, synced and renamed, so a reader
+    never sees half of it."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        _write_tensors(tmp, tensors)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+
+
+def read_tensors(path: Path, what: str) -> dict[str, torch.Tensor]:
+    """The tensors of safetensors file `path`; a missing or damaged one is refused in one line naming `what`."""
+    try:
+        return load_file(str(path))
+    except FileNotFoundError:
+        raise CheckpointError(f"{what} '{path}' is missing") from None
+    except Exception as e:  # safetensors raises several types for damaged files
+        raise CheckpointError(f"{what} '{path}' is unreadable: {e}") from None
+
+
 def save_checkpoint(
     run_dir: Path, step: int, model: dict[str, torch.Tensor], state: dict[str, torch.Tensor], meta: dict[str, Any], keep: int
 ) -> Path:
@@ -87,9 +115,7 @@ def save_checkpoint(
         files = {"model.safetensors": model, "state.safetensors": state}
         digests = {}
         for name, tensors in files.items():
-            save_file(_contiguous(tensors), str(tmp / name))
-            with open(tmp / name, "rb+") as f:
-                os.fsync(f.fileno())
+            _write_tensors(tmp / name, tensors)
             digests[name] = _digest(tmp / name)
         # Inside the temporary directory, which is renamed whole: no file of its own needs to be atomic.
         with open(tmp / "meta.json", "w") as f:
@@ -202,25 +228,3 @@ def check_compatible(path: Path, meta: dict[str, Any], cfg: Config, model: nn.Mo
             raise CheckpointError(f"checkpoint '{path}' lacks parameter '{k}' (model '{saved.get('model')}' {saved.get('hidden_sizes')})")
         if list(v.shape) != shapes[k]:
             raise CheckpointError(f"checkpoint '{path}' parameter '{k}' has shape {shapes[k]}, the model expects {list(v.shape)}")
-
-
-def load_run_config(run_dir: Path) -> Config:
-    """The resolved config a run directory was trained with."""
-    path = Path(run_dir) / "config.json"
-    if not path.is_file():
-        raise CheckpointError(f"'{run_dir}' is not a run directory (no config.json)")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"run file '{path}' is not valid JSON: {e}") from None
-    if isinstance(data, dict):
-        data.setdefault("mappo_values", "per_agent")  # runs from before the key trained per-agent critics
-    manifest = Path(run_dir) / "manifest.json"
-    if manifest.is_file():  # a plugin env trained from another directory: import it from where it was found
-        try:
-            source = json.loads(manifest.read_text()).get("env_source")
-        except json.JSONDecodeError:
-            source = None
-        if isinstance(source, str):
-            registry.add_plugin_root(source)
-    return resolve(data)

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from phalanx import checkpoint as ckpt
-from phalanx import runs
+from phalanx import devices, runs
 from phalanx.compare import compare
 from phalanx.config import FIELDS, describe_keys, effective_defaults, load_file, resolve, sources
 from phalanx.envs import make, registered, registry
@@ -102,7 +102,7 @@ def typed_env_options(env_name: str, env_opts: dict[str, str]) -> dict[str, Any]
 def cmd_check_env(args: argparse.Namespace, extra: list[str]) -> int:
     _at_least_one("check-env", num_envs=args.num_envs, steps=args.steps)
     options = registry.resolve_options(args.env, typed_env_options(args.env, _parse_env_options(extra))) if extra else {}
-    env = make(args.env, num_envs=args.num_envs, device=runs.resolve_device(args.device), seed=args.seed, **options)
+    env = make(args.env, num_envs=args.num_envs, device=devices.resolve_device(args.device), seed=args.seed, **options)
     try:
         check_env(env, steps=args.steps, seed=args.seed)
     finally:
@@ -128,7 +128,7 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     layers: dict[str, Any] = load_file(args.config) if args.config else {}
     env_name = overrides.get("env", layers.get("env"))
     if env_name is None:  # env options are typed against the env they are for: a resumed run's own
-        env_name = ckpt.load_run_config(Path(args.resume)).env if args.resume and extra else FIELDS["env"].default
+        env_name = runs.load_run_config(Path(args.resume)).env if args.resume and extra else FIELDS["env"].default
     if env_opts:
         overrides["env_options"] = {**layers.get("env_options", {}), **typed_env_options(env_name, env_opts)}
     if args.print_config:
@@ -437,7 +437,7 @@ def _env_before_help(argv: list[str]) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    runs.tune_host_allocator()
+    devices.tune_host_allocator()
     parser = _Parser(prog="phalanx", description="Phalanx: on-device PPO for single- and multi-agent environments.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     argv = list(sys.argv[1:] if argv is None else argv)

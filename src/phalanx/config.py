@@ -12,13 +12,14 @@ import sys
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
 from phalanx.coerce import coerce
 from phalanx.envs import registry
 from phalanx.errors import ConfigError
+from phalanx.models.kinds import KINDS, MLP, TRANSFORMER, ModelKind
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -63,6 +64,8 @@ class Config:
                             min=0)
     clip_coef: float = _f(0.2, "PPO ratio clip", positive=True)
     clip_vloss: bool = _f(True, "clip the value loss around the old values")
+    vf_clip_coef: float = _f(0.0, "with clip_vloss: how far a value may move from the old one before its loss is clipped "
+                             "(0: clip_coef; Stable-Baselines3's clip_range_vf)", min=0.0)
     vf_coef: float = _f(0.5, "value loss coefficient", min=0.0)
     ent_coef: float = _f(0.0, "entropy bonus coefficient", min=0.0)
     max_grad_norm: float = _f(0.5, "gradient norm clip", positive=True)
@@ -73,9 +76,9 @@ class Config:
     norm_value: bool = _f(False, "learn values in running-normalised units (default on with critic=mappo)")
     obs_clip: float = _f(10.0, "clip normalised observations to +-this", positive=True)
     # Model.
-    model: str = _f("mlp", "policy architecture (lstm / transformer: memory across an episode's steps; strategy: a "
+    model: str = _f(MLP.name, "policy architecture (lstm / transformer: memory across an episode's steps; strategy: a "
                     "transformer over the opponent's recent steps feeding an LSTM, for two-sided games)",
-                    choices=("mlp", "lstm", "transformer", "strategy", "cnn", "role_attention"))
+                    choices=tuple(KINDS))
     hidden_sizes: list = _f([64, 64], "hidden layer widths of the actor and critic MLPs")
     activation: str = _f("tanh", "hidden activation", choices=("tanh", "relu", "gelu", "silu"))
     init_log_std: float = _f(0.0, "initial log-std of Gaussian action heads")
@@ -156,9 +159,16 @@ class Config:
         return dataclasses.asdict(self)
 
 
-# Models whose update replays each env's rollout as one sequence, so a minibatch holds whole envs.
-MEMORY_MODELS = ("lstm", "transformer", "strategy")
-WORLD_VALUE_MODELS = ("mlp", "role_attention")  # models whose MAPPO critic can value a world in one pass
+P = TypeVar("P")
+
+
+def params_of(cls: type[P], cfg: Config) -> P:
+    """The frozen parameter object `cls` (algo's PPOParams, GAEParams) filled from the config keys its fields are
+    named after, so that a hyperparameter is listed once, in the schema (tests/test_structure.py checks that every
+    field has its key)."""
+    return cls(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls)})
+
+
 FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 _HINTS = typing.get_type_hints(Config)
 
@@ -224,6 +234,11 @@ def load_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def _kind(name: Any) -> ModelKind:
+    """The model kind a config layer names (an unknown name is refused later, with the other keys' checks)."""
+    return KINDS.get(name, ModelKind("", "")) if isinstance(name, str) else ModelKind("", "")
+
+
 def resolve(*layers: dict[str, Any] | None) -> Config:
     """Merge override mappings (later wins) over the defaults, validating every key."""
     merged: dict[str, Any] = {}
@@ -246,7 +261,7 @@ def resolve(*layers: dict[str, Any] | None) -> Config:
     base.update(merged)
     if "norm_value" not in base and base.get("critic") == "mappo":
         base["norm_value"] = True
-    if ("mappo_values" not in base and base.get("critic") == "mappo" and base.get("model", Config.model) in WORLD_VALUE_MODELS
+    if ("mappo_values" not in base and base.get("critic") == "mappo" and _kind(base.get("model", Config.model)).world_values
             and base.get("param_sharing", Config.param_sharing) != "per_role"):
         base["mappo_values"] = "per_world"  # as fast or faster per pass and learns as well (docs/GUIDE.md, mappo_values)
     values = {}
@@ -257,12 +272,13 @@ def resolve(*layers: dict[str, Any] | None) -> Config:
         values[key] = value
     values["env_options"] = registry.resolve_options(env, env_opts)
     cfg = Config(**values)
-    if cfg.model in MEMORY_MODELS and cfg.num_minibatches > cfg.num_envs:
+    # A memory model's update replays each env's rollout as one sequence, so a minibatch holds whole envs.
+    if KINDS[cfg.model].recurrent and cfg.num_minibatches > cfg.num_envs:
         raise ConfigError(
             f"config key 'num_minibatches' must be <= num_envs ({cfg.num_envs}) with model={cfg.model}: minibatches keep each "
             f"env's segment whole; got {cfg.num_minibatches}"
         )
-    if cfg.model == "transformer" and cfg.tf_width % cfg.tf_heads:
+    if cfg.model == TRANSFORMER.name and cfg.tf_width % cfg.tf_heads:
         raise ConfigError(f"config key 'tf_heads' must divide tf_width ({cfg.tf_width}); got {cfg.tf_heads}")
     if cfg.total_steps < cfg.batch_size:
         raise ConfigError(f"config key 'total_steps' must be at least one batch, num_envs * num_steps = {cfg.batch_size:,}; "

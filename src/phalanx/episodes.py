@@ -83,3 +83,13 @@ def frame_rows(restarts: torch.Tensor, stack: int) -> torch.Tensor:
     fresh[1:] = restarts[:-1]  # the observation of step t starts afresh where step t - 1 ended its stack
     start = torch.where(fresh, t + stack - 1, 0).cummax(0).values
     return torch.maximum(t.unsqueeze(-1) + torch.arange(stack, device=restarts.device), start.unsqueeze(-1))
+
+
+def frame_index(frames: torch.Tensor, restarts: torch.Tensor) -> torch.Tensor:
+    """[T, N, A, S] indices into `frames.flatten(0, 2)` ([T + S - 1, N, A, *frame] as the rollout stores them)
+    of the frames of every stored observation, oldest first (`frame_rows`)."""
+    T, N, A = restarts.shape
+    rows = frame_rows(restarts, frames.shape[0] - T + 1)
+    env = torch.arange(N, device=rows.device).view(1, N, 1, 1)
+    slot = torch.arange(A, device=rows.device).view(1, 1, A, 1)
+    return (rows * N + env) * A + slot

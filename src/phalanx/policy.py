@@ -8,14 +8,16 @@ from pathlib import Path
 import torch
 
 from phalanx import checkpoint as ckpt
+from phalanx import runs
 from phalanx.algo import Normalizers, RunningMeanStd
 from phalanx.config import Config
+from phalanx.devices import resolve_device
 from phalanx.draws import Source
 from phalanx.envs import make
+from phalanx.envs.base import VecEnv
 from phalanx.envs.spaces import Space
 from phalanx.models.protocol import ActorCritic
 from phalanx.models.registry import build_model, obs_dim_of
-from phalanx.runs import resolve_device
 
 
 class Policy:
@@ -92,9 +94,15 @@ class Policy:
         return self.model.value(self.preprocess(obs))
 
 
+def build_normalizers(cfg: Config, env: VecEnv, num_envs: int, device: torch.device) -> Normalizers:
+    """The run's normalisers (observations, rewards, values, as the config asks) for `num_envs` envs of `env`."""
+    return Normalizers(obs_dim_of(env), num_envs, env.num_agents, norm_obs=cfg.norm_obs, norm_reward=cfg.norm_reward,
+                       norm_value=cfg.norm_value, gamma=cfg.gamma, obs_clip=cfg.obs_clip, device=device)
+
+
 def load(run_dir: str | Path, device: str = "cpu", checkpoint: str | Path | None = None) -> Policy:
     """Load the policy of a run directory (its latest checkpoint, or `checkpoint`)."""
-    cfg = ckpt.load_run_config(Path(run_dir))
+    cfg = runs.load_run_config(Path(run_dir))
     dev = resolve_device(device)
     path = Path(checkpoint) if checkpoint else ckpt.latest_checkpoint(Path(run_dir))
     model_t, state_t, meta = ckpt.load_checkpoint(path)
@@ -103,8 +111,7 @@ def load(run_dir: str | Path, device: str = "cpu", checkpoint: str | Path | None
     ckpt.check_compatible(path, meta, cfg, model)
     ckpt.load_weights(model, model_t, f"checkpoint '{path}'")
     model.eval()
-    norms = Normalizers(obs_dim_of(env), 1, env.num_agents, norm_obs=cfg.norm_obs, norm_reward=cfg.norm_reward,
-                        norm_value=cfg.norm_value, gamma=cfg.gamma, obs_clip=cfg.obs_clip, device=dev)
+    norms = build_normalizers(cfg, env, 1, dev)
     # Env-batch-shaped reward statistics do not matter for inference.
     norm_state = {k: v for k, v in ckpt.section(state_t, "norms", dev).items() if not k.startswith("reward.")}
     norms.load_state_dict(norm_state, strict=False)

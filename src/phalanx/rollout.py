@@ -14,94 +14,22 @@ from contextlib import AbstractContextManager
 
 import torch
 
-from phalanx.algo import Normalizers, compute_gae, pending_bootstrap
+from phalanx.algo import GAEParams, Normalizers, PPOBatch, advantages
+from phalanx.budget import buffer_specs, stored_stack
 from phalanx.checkpoint import section
-from phalanx.config import Config
+from phalanx.config import Config, params_of
 from phalanx.draws import Draws
 from phalanx.envs.base import StepRecord, VecEnv
-from phalanx.envs.spaces import Box
-from phalanx.episodes import EpisodeCounters, env_ended, frame_rows, stack_restarts
+from phalanx.episodes import EpisodeCounters, env_ended, stack_restarts
 from phalanx.errors import ConfigError
 from phalanx.graphs import check_graphs, fold, own_memory, warm_stream
 from phalanx.league import League
 from phalanx.models.protocol import ActorCritic
-from phalanx.models.registry import obs_dim_of, state_dim_of
 from phalanx.profile import PhaseTimer
 from phalanx.slots import Teammates
 
 # The feed-forward policy's one call a step: (obs, draws, greedy, critic input) -> (action, log-prob, value).
 ActValueFn = Callable[[torch.Tensor, Draws, bool, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
-
-
-def buffer_specs(cfg: Config, env: VecEnv, model: ActorCritic,
-                 num_envs: int | None = None) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """Name -> (shape, dtype) of every rollout buffer (for `num_envs` envs, else the env's); image observations
-    stay uint8."""
-    T, N, A = cfg.num_steps, env.num_envs if num_envs is None else num_envs, env.num_agents
-    space = env.action_space
-    act_dtype = torch.float32 if isinstance(space, Box) else torch.long
-    stack = stored_stack(env, model)
-    if stack:  # each frame once, the stacks rebuilt by index (episodes.frame_rows)
-        frame = env.observation_space.shape[1:]
-        specs = {"frames": ((T + stack - 1, N, A, *frame), torch.uint8), "stack_restarts": ((T, N, A), torch.bool)}
-    elif model.obs_is_image:
-        specs = {"obs": ((T, N, A, *env.observation_space.shape), torch.uint8)}
-    else:
-        specs = {"obs": ((T, N, A, obs_dim_of(env)), torch.float32)}
-    specs["actions"] = ((T, N, A, *space.shape), act_dtype)
-    for k in ("logprobs", "values", "next_values", "rewards"):
-        specs[k] = ((T, N, A), torch.float32)
-    for k in ("terminated", "truncated", "active", "trial_end"):
-        specs[k] = ((T, N, A), torch.bool)
-    if model.recurrent:
-        specs["resets"] = specs["env_active"] = ((T, N, A), torch.bool)
-    if model.centralized:
-        specs["states"] = ((T, N, state_dim_of(env)), torch.float32)
-    return specs
-
-
-def most_envs(cfg: Config, env: VecEnv, record: StepRecord, model: ActorCritic, budget: float) -> int:
-    """The largest num_envs whose `run_bytes` fit in `budget` bytes (they grow linearly with num_envs)."""
-    total = lambda n: sum(run_bytes(dataclasses.replace(cfg, num_envs=n), env, record, model).values())  # noqa: E731
-    fixed, per_env = total(0), total(1) - total(0)
-    return max(0, int((budget - fixed) // per_env)) if per_env > 0 else cfg.num_envs
-
-
-def stored_stack(env: VecEnv, model: ActorCritic) -> int:
-    """The frames of a stacked pixel observation (VecEnv.frame_stack) where the rollout stores each frame once
-    (a feed-forward pixel model: the sequence replay of a memory model reads whole observations), else 0."""
-    return env.frame_stack if env.frame_stack > 1 and model.obs_is_image and not model.recurrent else 0
-
-
-def frame_index(frames: torch.Tensor, restarts: torch.Tensor) -> torch.Tensor:
-    """[T, N, A, S] indices into `frames.flatten(0, 2)` ([T + S - 1, N, A, *frame] as the rollout stores them)
-    of the frames of every stored observation, oldest first (episodes.frame_rows)."""
-    T, N, A = restarts.shape
-    rows = frame_rows(restarts, frames.shape[0] - T + 1)
-    env = torch.arange(N, device=rows.device).view(1, N, 1, 1)
-    slot = torch.arange(A, device=rows.device).view(1, 1, A, 1)
-    return (rows * N + env) * A + slot
-
-
-def buffer_bytes(specs: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> int:
-    return sum(math.prod(shape) * torch.empty((), dtype=dt).element_size() for shape, dt in specs.values())
-
-
-def run_bytes(cfg: Config, env: VecEnv, record: StepRecord, model: ActorCritic) -> dict[str, int]:
-    """What a run of `cfg.num_envs` envs will hold, from a copy `env` of fewer envs (and a record it returned),
-    before the full env is built: its step state and records, each tensor with a row per env scaled to
-    cfg.num_envs; the rollout buffer; the model with Adam's two moments and a gradient."""
-    try:
-        tensors = list(env.step_state().values())
-    except NotImplementedError:  # not capturable: its records are what is known of its size
-        tensors = []
-    tensors += list(record.tensors().values())
-    scale = cfg.num_envs / env.num_envs
-    env_bytes = sum(t.numel() * t.element_size() * (scale if t.dim() and t.shape[0] == env.num_envs else 1)
-                    for t in tensors)
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    return {"envs": int(env_bytes), "rollout buffer": buffer_bytes(buffer_specs(cfg, env, model, cfg.num_envs)),
-            "model and optimizer": 4 * weights}
 
 
 def _read(flag: torch.Tensor) -> bool:
@@ -129,7 +57,7 @@ class Rollout:
         self.teammates, self.league = teammates, league
         self.device = env.device
         self.N, self.A = env.num_envs, env.num_agents
-        # Sized before the env was built (rollout.run_bytes, checked by the trainer).
+        # Sized before the env was built (budget.run_bytes, checked when the run is built).
         self.buf = {k: torch.zeros(shape, dtype=dt, device=self.device) for k, (shape, dt) in buffer_specs(cfg, env, model).items()}
         self.frame_stack = stored_stack(env, model)
         # Every buffer's rows as views, made once: an eager step's write is one copy, not an index and a copy.
@@ -599,18 +527,12 @@ class Rollout:
 
     # -- advantages ------------------------------------------------------------------------------
     def advantages(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(advantages, returns, trained) [T, N, A] of the last rollout, by the boundary table: `trained`
-        is `active` less the steps whose bootstrap lies beyond the rollout (`pending_bootstrap`: a slot
-        that acts at no later step, nor right after the rollout), which the update leaves out."""
-        b, cfg = self.buf, self.cfg
-        with self.timer.phase("gae"):
-            acts_after = self.record.active & self.learner
-            adv, ret = compute_gae(b["rewards"], b["values"], b["next_values"], b["terminated"], b["truncated"], cfg.gamma,
-                                   cfg.gae_lambda, active=b["active"], trial_end=b["trial_end"],
-                                   trial_bootstrap=cfg.trial_bootstrap, active_after=acts_after)
-            pending = pending_bootstrap(b["active"], b["terminated"], b["truncated"], acts_after, b["trial_end"],
-                                        cfg.trial_bootstrap)
-            return adv, ret, b["active"] & ~pending
+        """(advantages, returns, trained) [T, N, A] of the last rollout (`algo.update.advantages`)."""
+        return advantages(self.buf, self.acts_after(), params_of(GAEParams, self.cfg))
+
+    def acts_after(self) -> torch.Tensor:
+        """[N, A] bool: the learner slots that act right after the rollout (what bootstraps its last steps)."""
+        return self.record.active & self.learner
 
     # -- state -----------------------------------------------------------------------------------
     def step_state(self, stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -669,3 +591,30 @@ class Rollout:
         if "trainer.prev_done" in tensors:  # older checkpoints of memoryless runs lack it (it resets teammates' memory)
             self.prev_done = tensors["trainer.prev_done"].to(dev)
         self.memory = type(self.memory).of({k: v.to(dev) for k, v in section("memory").items()})
+
+
+class BatchEvaluator:
+    """A minibatch of the rollout's samples through the current model -> (log-prob, entropy, value), float32 (the
+    losses' dtype): feed-forward models in one forward; memory models replay each segment from the memory stored
+    at the rollout's start (`Rollout.segment_start`), read at each call."""
+
+    def __init__(self, model: ActorCritic, amp: Callable[[], AbstractContextManager], rollout: Rollout):
+        self.model, self.amp, self.rollout = model, amp, rollout
+
+    def __call__(self, part: PPOBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        with self.amp():
+            if self.model.recurrent:
+                logp, ent, value = self.sequence(part)
+            else:
+                logp, ent, value = self.model.evaluate_value(part.obs, part.actions, part.critic_obs)
+        return logp.float(), ent.float(), value.float()  # the losses stay in float32
+
+    def sequence(self, part: PPOBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        A, device = self.rollout.A, self.rollout.device
+        slots = (part.rows.unsqueeze(1) * A + torch.arange(A, device=device)).reshape(-1)
+        start = self.rollout.segment_start.select(slots)
+        logp, ent, value = self.model.evaluate_seq(part.obs, part.actions, start, part.resets, part.env_active,
+                                                   idle_outputs=False)
+        if value is None:  # memoryless critic: the global state [B, T, S] -> [B, T, A] -> [B, A, T]
+            value = self.model.value(part.critic_obs).transpose(-1, -2) if self.model.centralized else self.model.value(part.critic_obs)
+        return logp, ent, value

@@ -1,10 +1,8 @@
-"""Run directories: layout, manifest, lock and device selection (the imperative shell)."""
+"""Run directories: layout, manifest, lock, stop signals, metrics files (the imperative shell)."""
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import fcntl
 import json
 import os
@@ -23,76 +21,10 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 
-from phalanx.errors import ConfigError, PhalanxError, StorageError, storage_reason
+from phalanx.config import Config, resolve
+from phalanx.envs import registry
+from phalanx.errors import CheckpointError, PhalanxError, StorageError, storage_reason
 from phalanx.version import __version__
-
-
-def resolve_device(name: str) -> torch.device:
-    """'auto' picks CUDA, then MPS, then CPU; an explicit device must exist (checked before allocating)."""
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    try:
-        dev = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"config key 'device' must be auto, cpu, cuda, cuda:N or mps; got {name!r}") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError("config key 'device' is 'cuda' but no CUDA device is available; use --device cpu or auto")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ConfigError(f"config key 'device' names {name} but only {torch.cuda.device_count()} CUDA devices exist")
-    elif dev.type == "mps":
-        if not (getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()):
-            raise ConfigError("config key 'device' is 'mps' but MPS is not available; use --device cpu or auto")
-    elif dev.type != "cpu":
-        raise ConfigError(f"config key 'device' must be auto, cpu, cuda, cuda:N or mps; got {name!r}")
-    return dev
-
-
-# Multiply-adds one call must reach before a second CPU thread pays: the policy's parameters times the rows
-# the call sees (a rollout step's agents, a minibatch's samples). Calibrated on cartpole's MLP (9,155
-# parameters), which trains as fast on one thread as on two up to 1,024 envs and 1.4x faster on two at
-# 4,096: 2,048 rows of it. Counting rows alone (#27) kept VMAS navigation's 12,000-row minibatches of a
-# 151,815-parameter MLP on one thread: an optimisation pass took 1.84 s instead of 1.24 s on two (#30).
-THREADED_WORK = 2048 * 9155
-
-
-@dataclass(frozen=True)
-class Threads:
-    """Torch CPU threads per phase of an update cycle, and why (printed at the start of a run)."""
-
-    collect: int
-    update: int
-    why: str
-
-    def __str__(self) -> str:
-        counts = str(self.collect) if self.collect == self.update else f"{self.collect} to collect, {self.update} to update"
-        return f"{counts} ({self.why})"
-
-
-def choose_threads(requested: int, device: torch.device, collect_work: int, update_work: int,
-                   local_ranks: int = 1) -> Threads:
-    """Threads for `torch_threads` = `requested` (0: chosen per phase from its work, multiply-adds a call:
-    `collect_work` for a rollout step, `update_work` for a minibatch). One thread where a call is small on
-    the CPU, where a pool only adds barriers; else the CPUs this process may use, shared among the node's
-    ranks. Accelerators keep torch's default (the host work is launches)."""
-    if requested > 0:
-        return Threads(requested, requested, "torch_threads")
-    if device.type != "cpu":
-        return Threads(torch.get_num_threads(), torch.get_num_threads(), f"torch's default on {device.type}")
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    share = max(1, cpus // max(1, local_ranks))
-
-    def count(work: int) -> int:
-        return share if work >= THREADED_WORK else 1
-
-    where = f"{cpus} CPUs" + (f" shared by {local_ranks} ranks" if local_ranks > 1 else "")
-    return Threads(count(collect_work), count(update_work),
-                   f"auto: {where}; more than one pays from {THREADED_WORK / 1e6:.1f}M multiply-adds a call: "
-                   f"{collect_work / 1e6:,.1f}M a rollout step, {update_work / 1e6:,.1f}M a minibatch")
 
 
 @dataclass
@@ -275,20 +207,6 @@ def write_metric_csvs(run_dir: Path) -> None:
         replace_text(path.with_name(f".{name}.tmp"), path, "\n".join(lines) + "\n")
 
 
-def free_memory_bytes(device: torch.device) -> int | None:
-    """Free memory of a device (CUDA: the driver's figure; CPU: MemAvailable), None if unknown."""
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    if device.type == "cpu":
-        try:
-            for line in Path("/proc/meminfo").read_text().splitlines():
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-        except OSError:
-            return None
-    return None
-
-
 RUN_ENTRIES = ("checkpoints", "league", "tb", "plots", "metrics.jsonl", "config.json", "manifest.json", "eval.json",
                "reward_breakdown.csv", "behavior_metrics.csv", ".lock")
 
@@ -303,22 +221,23 @@ def check_run_dir(run_dir: Path) -> None:
                                f"directory '{run_dir}'")
 
 
-# glibc mallopt parameters (malloc.h).
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-
-
-def tune_host_allocator() -> bool:
-    """Keep freed host memory in the process (glibc): by default glibc returns the heap's free top
-    and every large block to the system at once, so each training step faulted its activations in
-    again; on 2 CPU cores that system time was about a tenth of a cartpole training process
-    (`phalanx train` does this at start; a Python program may call it too). Returns whether it applied."""
-    name = ctypes.util.find_library("c")
-    if name is None or platform.system() != "Linux":
-        return False
+def load_run_config(run_dir: Path) -> Config:
+    """The resolved config a run directory was trained with."""
+    path = Path(run_dir) / "config.json"
+    if not path.is_file():
+        raise CheckpointError(f"'{run_dir}' is not a run directory (no config.json)")
     try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
-        return False
-    # 32 MiB is the largest mmap threshold glibc accepts on 64-bit systems.
-    return bool(mallopt(_M_MMAP_THRESHOLD, 32 << 20)) and bool(mallopt(_M_TRIM_THRESHOLD, 1 << 30))
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"run file '{path}' is not valid JSON: {e}") from None
+    if isinstance(data, dict):
+        data.setdefault("mappo_values", "per_agent")  # runs from before the key trained per-agent critics
+    manifest = Path(run_dir) / "manifest.json"
+    if manifest.is_file():  # a plugin env trained from another directory: import it from where it was found
+        try:
+            source = json.loads(manifest.read_text()).get("env_source")
+        except json.JSONDecodeError:
+            source = None
+        if isinstance(source, str):
+            registry.add_plugin_root(source)
+    return resolve(data)

@@ -60,10 +60,9 @@ from typing import Any
 
 import torch
 
-from phalanx import runs
+from phalanx import devices
 from phalanx.config import resolve
 from phalanx.envs import make, registered, registry
-from phalanx.envs.bucket_brigade import SCENARIOS
 from phalanx.errors import ConfigError, PhalanxError, one_line
 from phalanx.slots import random_actions
 from phalanx.trainer import Trainer
@@ -373,16 +372,6 @@ def bucket_brigade_config(num_envs: int, num_steps: int, run_dir: str, threads: 
     })
 
 
-def train_iteration(trainer: Trainer) -> None:
-    """One training iteration as `Trainer.train` runs it, minus logging: collect, update, the one host read."""
-    stats = trainer.collect()
-    trainer.global_step += trainer.cfg.batch_size
-    with trainer.timer.phase("update"):  # the host read counts in the update (a nested phase counts once)
-        metrics = trainer.update()
-        trainer.update_idx += 1
-        torch.stack([metrics["loss"].float(), stats["episodes"].float()]).tolist()
-
-
 def bench_trainer(
     num_envs: int, num_steps: int | None, seconds: float, threads: int | None, device: str,
     config: Callable[..., Any] = phalanx_config, rollout: bool = True,
@@ -392,9 +381,9 @@ def bench_trainer(
     with built_trainer(num_envs, num_steps, threads, device, config) as trainer:
         agent_steps = trainer.cfg.batch_size * trainer.A
         rolled = measure(trainer.collect, agent_steps, seconds, trainer.device) if rollout else None
-        train = measure(partial(train_iteration, trainer), agent_steps, seconds, trainer.device)
+        train = measure(trainer.iteration, agent_steps, seconds, trainer.device)
         train["most_envs"] = trainer.most_envs  # what fits in the device's free memory, by the trainer's own check
-        train["update_chunks"] = trainer.hp.chunks
+        train["update_chunks"] = trainer.hp.update_chunks
     return rolled, train
 
 
@@ -519,7 +508,7 @@ def _warn_busy(rows: list[dict[str, Any]]) -> None:
 
 
 def run_cartpole(args: argparse.Namespace) -> dict[str, Any]:
-    device = runs.resolve_device(args.device)
+    device = devices.resolve_device(args.device)
     out: dict[str, Any] = {
         "target": "cartpole",
         "machine": _machine(device),
@@ -541,7 +530,7 @@ def run_cartpole(args: argparse.Namespace) -> dict[str, Any]:
             trainer = stack.enter_context(built_trainer(n, args.steps, args.threads, str(device)))
             steps = n * args.steps
             rollout = measure(trainer.collect, steps, args.seconds, trainer.device)
-            contest = {"train": (partial(train_iteration, trainer), steps)}
+            contest = {"train": (trainer.iteration, steps)}
             if args.ref:
                 ref_loop = ReferencePPO(n, args.steps, device)
                 stack.callback(ref_loop.env.close)
@@ -549,7 +538,7 @@ def run_cartpole(args: argparse.Namespace) -> dict[str, Any]:
             if args.compile:
                 compiled = stack.enter_context(built_trainer(n, args.steps, args.threads, str(device),
                                                              partial(phalanx_config, compile=True)))
-                contest["compiled"] = (partial(train_iteration, compiled), steps)
+                contest["compiled"] = (compiled.iteration, steps)
             got = measure_alternating(contest, args.seconds, device)
         train, ref, comp = got["train"], got.get("ref"), got.get("compiled")
         ratio = median_ratio(train, ref) if ref else None
@@ -624,10 +613,10 @@ def bench_phalanx_cycles(config: Callable[[str], Any], cycles: int) -> float:
     with tempfile.TemporaryDirectory(prefix="phalanx-bench-") as tmp:
         trainer = Trainer(config(tmp))
         try:
-            train_iteration(trainer)
+            trainer.iteration()
             t0 = time.perf_counter()
             for _ in range(cycles):
-                train_iteration(trainer)
+                trainer.iteration()
             _sync(trainer.device)
             return cycles * trainer.cfg.batch_size / (time.perf_counter() - t0)
         finally:
@@ -638,7 +627,7 @@ BB_COLUMNS = [("num_envs", 8), ("env", 9), ("rollout", 9), ("train", 9), ("other
 
 
 def run_bucket_brigade(args: argparse.Namespace) -> dict[str, Any]:
-    device = runs.resolve_device(args.device)
+    device = devices.resolve_device(args.device)
     config = partial(bucket_brigade_config, scenario=args.scenario)
     cfg = config(args.num_envs[0], args.steps, "", args.threads, str(device)).to_dict()
     settings = {k: v for k, v in cfg.items() if k not in ("num_envs", "run_dir", "total_steps", "tensorboard", "progress")}
@@ -897,7 +886,7 @@ def warm_up(name: str, num_envs: int, args: argparse.Namespace, device: torch.de
     with contextlib.suppress(Exception), tempfile.TemporaryDirectory(prefix="phalanx-bench-") as tmp:
         trainer = Trainer(workload_config(name, num_envs, args.steps, tmp, args.threads, str(device)))
         try:
-            train_iteration(trainer)
+            trainer.iteration()
         finally:
             trainer.close()
 
@@ -936,7 +925,7 @@ def _suite_sb3(rows: list[dict[str, Any]], rollouts: int) -> dict[str, Any] | No
 
 def run_suite(args: argparse.Namespace) -> dict[str, Any]:
     """`phalanx bench suite`: the rows of every workload, SB3 (--sb3), the profile, then bench.md and bench.png."""
-    device = runs.resolve_device(args.device)
+    device = devices.resolve_device(args.device)
     out: dict[str, Any] = {
         "target": "suite", "machine": _machine(device),
         "settings": {"seconds": args.seconds, "num_steps": args.steps, "threads": args.threads, "device": str(device),
@@ -1085,7 +1074,7 @@ def _timed_cycles(trainer: Trainer, seconds: float) -> tuple[int, float]:
     _sync(trainer.device)
     t0 = time.perf_counter()
     while cycles == 0 or time.perf_counter() - t0 < seconds:
-        train_iteration(trainer)
+        trainer.iteration()
         cycles += 1
     _sync(trainer.device)
     return cycles, time.perf_counter() - t0
@@ -1101,7 +1090,7 @@ def profile_workload(name: str, num_envs: int, num_steps: int | None, seconds: f
     with tempfile.TemporaryDirectory(prefix="phalanx-bench-") as tmp:
         trainer = Trainer(workload_config(name, num_envs, num_steps, tmp, threads, str(device)))
         try:
-            train_iteration(trainer)  # warm-up
+            trainer.iteration()  # warm-up
             clock = trainer.timer
             clock.reset()
             clock.enabled = True
@@ -1172,7 +1161,7 @@ def run_profiles(args: argparse.Namespace, device: torch.device, counts: list[in
 
 def run_profile(args: argparse.Namespace) -> dict[str, Any]:
     """`phalanx bench profile`: the update-cycle split alone; with --out also DIR/profile.md."""
-    device = runs.resolve_device(args.device)
+    device = devices.resolve_device(args.device)
     out: dict[str, Any] = {"target": "profile", "machine": _machine(device),
                            "settings": {"seconds": args.seconds, "num_steps": args.steps, "threads": args.threads,
                                         "device": str(device)}}
@@ -1194,8 +1183,9 @@ def _check_bucket_brigade(args: argparse.Namespace) -> None:
         raise BenchError("bench: --sb3 applies to the cartpole target only")
     if args.scenario is None:
         args.scenario = "default"
-    if args.scenario not in SCENARIOS:
-        raise BenchError(f"bench: unknown bucket_brigade scenario '{args.scenario}'; allowed: {', '.join(SCENARIOS)}")
+    scenarios = registry.spec("bucket_brigade").options["scenario"].choices  # the env's SCENARIOS, in order
+    if args.scenario not in scenarios:
+        raise BenchError(f"bench: unknown bucket_brigade scenario '{args.scenario}'; allowed: {', '.join(scenarios)}")
     for n in args.num_envs:  # the config checks (num_minibatches <= num_envs x steps, ...)
         try:
             bucket_brigade_config(n, args.steps, "", args.threads, args.device, args.scenario)

@@ -14,9 +14,10 @@ from phalanx.algo.ppo import (
     ppo_update,
     saved_bytes,
 )
+from phalanx.algo.update import GAEParams, advantages, normalised_values, ppo_batch, update
 
 __all__ = [
-    "Adam", "Normalizers", "PPOBatch", "PPOParams", "RewardScaler", "RunningMeanStd", "compute_gae", "explained_variance",
-    "adam_update", "compile_step", "masked_mean", "minibatch_step", "pending_bootstrap", "ppo_losses", "ppo_update",
-    "saved_bytes",
+    "Adam", "GAEParams", "Normalizers", "PPOBatch", "PPOParams", "RewardScaler", "RunningMeanStd", "compute_gae", "explained_variance",
+    "adam_update", "advantages", "compile_step", "masked_mean", "minibatch_step", "normalised_values", "pending_bootstrap", "ppo_batch", "ppo_losses",
+    "ppo_update", "saved_bytes", "update",
 ]

@@ -23,10 +23,10 @@ class PPOParams:
     ent_coef: float = 0.0  # entropy bonus weight
     max_grad_norm: float = 0.5  # global gradient norm clip
     clip_vloss: bool = True  # clip the value loss around the values at collection
-    vf_clip_coef: float | None = None  # the value clip (None: clip_coef)
+    vf_clip_coef: float = 0.0  # the value clip (0: clip_coef)
     norm_adv: bool = True  # normalise advantages per minibatch
-    target_kl: float | None = None  # stop an update's epochs once approx-KL exceeds it (None: never)
-    chunks: int = 1  # forward and backward of a minibatch in this many pieces, gradients summed: 1/chunks the activations
+    target_kl: float = 0.0  # stop an update's epochs once approx-KL exceeds it (0: never)
+    update_chunks: int = 1  # forward and backward of a minibatch in this many pieces, gradients summed: 1/update_chunks the activations
 
 
 class LossNorms(NamedTuple):
@@ -72,7 +72,7 @@ class PPOBatch:
     rows: torch.Tensor | None = None
     resets: torch.Tensor | None = None
     env_active: torch.Tensor | None = None
-    # Stacked pixels stored once (rollout.frame_index): `obs` holds each sample's indices into `frames`
+    # Stacked pixels stored once (episodes.frame_index): `obs` holds each sample's indices into `frames`
     # [R, *frame] ([B, A, S]); `index` gathers the stacks of a minibatch.
     frames: torch.Tensor | None = None
 
@@ -166,7 +166,7 @@ def ppo_losses(
     # Samples whose value gradient the clip zeroes (the clipped term is the larger and is clamped).
     v_clipped_out = torch.zeros_like(v_loss, dtype=torch.bool)
     if hp.clip_vloss:
-        vclip = clip_coef if hp.vf_clip_coef is None else hp.vf_clip_coef
+        vclip = hp.vf_clip_coef or clip_coef
         change = new_values - batch.values
         clipped_error = batch.values + change.clamp(k(-vclip), k(vclip)) - batch.returns
         v_clipped_loss = clipped_error * clipped_error
@@ -238,11 +238,11 @@ def minibatch_step(
     def step(batch: PPOBatch, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         for p in params:
             p.grad = None
-        if hp.chunks > 1:  # one piece's activations at a time; the gradients add up in .grad
+        if hp.update_chunks > 1:  # one piece's activations at a time; the gradients add up in .grad
             norms = loss_norms(batch.advantages.index_select(0, rows),
                                None if batch.mask is None else batch.mask.index_select(0, rows))
             metrics: dict[str, torch.Tensor] = {}
-            for piece in rows.tensor_split(min(hp.chunks, rows.shape[0])):  # never an empty piece
+            for piece in rows.tensor_split(min(hp.update_chunks, rows.shape[0])):  # never an empty piece
                 part = batch.index(piece)
                 logp, ent, value = evaluate(part)
                 loss, m = ppo_losses(logp, ent, value, part, hp, norms)
@@ -315,7 +315,7 @@ def ppo_update(
     epochs_done = 0
     for _ in range(hp.num_epochs):
         perm = torch.randperm(size, generator=generator, device=device)
-        kl_epoch = torch.zeros((), device=device) if hp.target_kl is not None else None
+        kl_epoch = torch.zeros((), device=device) if hp.target_kl else None
         # Every sample in every epoch: a remainder is spread one row each over the first minibatches.
         for idx in perm.tensor_split(parts):
             metrics = step(batch, idx)
@@ -323,14 +323,14 @@ def ppo_update(
             # same tensors each time; the stack is the copy).
             row = torch.stack(list(metrics.values()))
             sums = row if sums is None else sums.add_(row)
-            if hp.target_kl is not None:
+            if hp.target_kl:
                 kl_epoch += metrics["approx_kl"]
             steps += 1
         names = list(metrics)
         epochs_done += 1
-        if hp.target_kl is not None and sync_mean is not None:
+        if hp.target_kl and sync_mean is not None:
             kl_epoch = sync_mean(kl_epoch)
-        if hp.target_kl is not None and float(kl_epoch / parts) > hp.target_kl:
+        if hp.target_kl and float(kl_epoch / parts) > hp.target_kl:
             break
     out = dict(zip(names, (sums / max(steps, 1)).unbind()))
     out["nonfinite"] = sums[names.index("nonfinite")]

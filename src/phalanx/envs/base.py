@@ -163,6 +163,22 @@ class VecEnv:
     def default_roles(self) -> torch.Tensor:
         return torch.zeros(self.num_agents, dtype=torch.long, device=self.device)
 
+    def _seed_generator(self, seed: int | None) -> None:
+        """Seed the env's own generator, called from `__init__` (after `self.device` is set) and `reset(seed)`.
+
+        The first call makes `gen` on the env's device and `rng` drawing from it, and seeds it with `seed`,
+        or from the OS where None; a later call reseeds it where `seed` is given and leaves it going on from
+        its state where None.
+        """
+        if self.gen is None:
+            self.gen = torch.Generator(device=self.device)
+            self.rng = Draws(self.gen)
+            if seed is None:
+                self.gen.seed()
+                return
+        if seed is not None:
+            self.gen.manual_seed(seed)
+
 
 def generator_state(gen: torch.Generator) -> torch.Tensor:
     """A generator's state as a uint8 tensor on the CPU (storable in safetensors)."""

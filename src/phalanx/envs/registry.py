@@ -5,7 +5,8 @@ its prefix); a prefix name (`gym:<id>`,
 `pz:<module>:<fn>`); a plugin `package.module:attr`, imported on first use (from the current directory
 too, as `python -m` would), whose `attr` is an `EnvSpec` or a factory; or the name of an entry point in
 the `phalanx.envs` group of an installed package. The run directory keeps the name, so evaluation,
-resume and recordings make the env again the same way.
+resume and recordings make the env again the same way. The built-in envs and prefixes (phalanx.zoo,
+phalanx.envs.adapters) are named in a table here and their modules imported on first use (`BUILT_IN`).
 """
 
 from __future__ import annotations
@@ -54,17 +55,90 @@ class EnvSpec:
 _REGISTRY: dict[str, EnvSpec] = {}
 _PREFIX_FACTORIES: dict[str, Callable[..., VecEnv]] = {}
 
+# The built-in names and prefixes, each with the module whose import registers it. This table is data
+# the registry needs, not a way round an import: it is how `make("cartpole")`, `phalanx envs` and the
+# "allowed: ..." of an unknown-env error know the built-in names while none of their modules is
+# imported. Those modules (the zoo and the adapters, a third of the library's lines) are imported the
+# first time one of their names is asked for: reading the config schema imports none of them, making
+# one env imports that env's module only, and `registered()` imports them all. The order is the one
+# `registered()` lists them in (that of the package's old eager imports). tests/test_structure.py
+# checks the table against what the modules register.
+BUILT_IN: dict[str, str] = {
+    "bucket_brigade": "phalanx.zoo.bucket_brigade",
+    "cartpole": "phalanx.zoo.cartpole",
+    "drone_swarm": "phalanx.zoo.drone_swarm",
+    "duel": "phalanx.zoo.duel",
+    "pendulum": "phalanx.zoo.pendulum",
+    "pixel_goal": "phalanx.zoo.pixel_goal",
+    "trial_nav": "phalanx.zoo.trial_nav",
+    "vmas:navigation": "phalanx.envs.adapters.vmas",
+    "vmas:balance": "phalanx.envs.adapters.vmas",
+}
+BUILT_IN_PREFIXES: dict[str, str] = {
+    "gym": "phalanx.envs.adapters.gym",
+    "pz": "phalanx.envs.adapters.pettingzoo",
+    "vmas": "phalanx.envs.adapters.vmas",
+}
+# What the built-in modules registered when imported, kept apart from the two tables above: a module
+# registers once, on its first import, so a name is put back from here where `_REGISTRY` was replaced
+# since (tests swap in a copy for the length of a test).
+_BUILT_IN_SPECS: dict[str, EnvSpec] = {}
+_BUILT_IN_FACTORIES: dict[str, Callable[..., VecEnv]] = {}
+
+
+def _own(table: dict[str, str], key: str, obj: Any) -> bool:
+    """Whether `obj` (a factory) is the built-in one for `key`: it comes from the module the table names."""
+    return table.get(key) is not None and getattr(obj, "__module__", None) == table[key]
+
 
 def register(spec: EnvSpec) -> None:
+    if _own(BUILT_IN, spec.name, spec.factory):
+        _BUILT_IN_SPECS[spec.name] = spec
+    elif spec.name in BUILT_IN:  # replacing a built-in env: its module first, so that its import cannot win later
+        _load(spec.name)
     _REGISTRY[spec.name] = spec
 
 
 def register_prefix(prefix: str, factory: Callable[..., VecEnv]) -> None:
     """`prefix:<rest>` names are built by `factory(rest, num_envs=, device=, seed=, **options)`."""
+    if _own(BUILT_IN_PREFIXES, prefix, factory):
+        _BUILT_IN_FACTORIES[prefix] = factory
+    elif prefix in BUILT_IN_PREFIXES:
+        _load_prefix(prefix)
     _PREFIX_FACTORIES[prefix] = factory
 
 
+def _ensure(key: str, table: dict[str, str], kept: dict[str, Any], live: dict[str, Any]) -> None:
+    """Make the built-in `key` of `table` registered in `live`: import its module on first use (the import
+    registers it, and `register` keeps it in `kept`), or put it back from `kept` where `live` lost it."""
+    if key in live or key not in table:
+        return
+    if key not in kept:
+        importlib.import_module(table[key])
+    if key in kept:
+        live.setdefault(key, kept[key])
+
+
+def _load(name: str) -> None:
+    """A built-in env name registered (`cartpole`, `vmas:navigation`); any other name: nothing done."""
+    _ensure(name, BUILT_IN, _BUILT_IN_SPECS, _REGISTRY)
+
+
+def _load_prefix(prefix: str) -> None:
+    """A built-in prefix (`gym`, `pz`, `vmas`) registered; any other: nothing done."""
+    _ensure(prefix, BUILT_IN_PREFIXES, _BUILT_IN_FACTORIES, _PREFIX_FACTORIES)
+
+
+def _prefixes() -> set[str]:
+    return {*_PREFIX_FACTORIES, *BUILT_IN_PREFIXES}
+
+
 def registered() -> dict[str, EnvSpec]:
+    """Every registered env, the built-in ones included (importing their modules)."""
+    for name in BUILT_IN:
+        _load(name)
+    for prefix in BUILT_IN_PREFIXES:
+        _load_prefix(prefix)
     return dict(_REGISTRY)
 
 
@@ -74,6 +148,7 @@ ENTRY_POINT_GROUP = "phalanx.envs"
 def spec(name: str) -> EnvSpec | None:
     """The spec of a registered, plugin or entry-point env (loading it on first use); None for an
     unknown name and for prefix names (`gym:...`), whose options the adapter checks."""
+    _load(name)
     if name in _REGISTRY:
         return _REGISTRY[name]
     found = _plugin(name) if ":" in name else _entry_point(name)
@@ -83,15 +158,15 @@ def spec(name: str) -> EnvSpec | None:
 
 
 def is_prefix_name(name: str) -> bool:
-    return name.split(":", 1)[0] in _PREFIX_FACTORIES and ":" in name
+    return name.split(":", 1)[0] in _prefixes() and ":" in name
 
 
 def known_names() -> list[str]:
     """What an unknown-env error lists."""
     points = sorted(ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
     # Plugins loaded so far and registered `prefix:<id>` names are covered by the last two forms.
-    plain = sorted(n for n in _REGISTRY if ":" not in n)
-    return plain + points + [f"{p}:<id>" for p in sorted(_PREFIX_FACTORIES)] + ["package.module:factory"]
+    plain = sorted(n for n in {*_REGISTRY, *BUILT_IN} if ":" not in n)
+    return plain + points + [f"{p}:<id>" for p in sorted(_prefixes())] + ["package.module:factory"]
 
 
 def check_name(name: str) -> EnvSpec | None:
@@ -125,7 +200,7 @@ def _import(module: str) -> Any:
 
 def _plugin(name: str) -> EnvSpec | None:
     module, _, attr = name.partition(":")
-    if module in _PREFIX_FACTORIES or not attr.isidentifier() or not all(p.isidentifier() for p in module.split(".")):
+    if module in _prefixes() or not attr.isidentifier() or not all(p.isidentifier() for p in module.split(".")):
         return None
     try:
         mod = _import(module)
@@ -210,8 +285,10 @@ def make(
     if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
         raise ConfigError(f"num_envs must be a positive integer, got {num_envs!r}")
     device = torch.device(device)
+    _load(name)
     if name not in _REGISTRY and is_prefix_name(name):  # a registered `prefix:<id>` carries its own settings
         prefix, rest = name.split(":", 1)
+        _load_prefix(prefix)
         return _PREFIX_FACTORIES[prefix](rest, num_envs=num_envs, device=device, seed=seed, **options)
     s = check_name(name)
     opts = resolve_options(name, options)

@@ -67,7 +67,7 @@ from typing import Protocol
 
 import torch
 
-from phalanx.draws import Draws, Source
+from phalanx.draws import Source
 from phalanx.envs import draw
 from phalanx.envs.base import StepRecord, VecEnv, generator_state, set_generator_state
 from phalanx.envs.spaces import Box
@@ -138,12 +138,7 @@ class MultiTrialEnv(VecEnv):
             self.state_space = None
         dev = self.device
         self._trial_ids = torch.arange(k, device=dev)
-        self.gen = torch.Generator(device=dev)
-        self.rng = Draws(self.gen)
-        if seed is None:
-            self.gen.seed()
-        else:
-            self.gen.manual_seed(seed)
+        self._seed_generator(seed)
         self._reset_all()
 
     # --- internals --------------------------------------------------------------------------------
@@ -189,8 +184,7 @@ class MultiTrialEnv(VecEnv):
 
     # --- protocol ---------------------------------------------------------------------------------
     def reset(self, seed: int | None = None) -> StepRecord:
-        if seed is not None:
-            self.gen.manual_seed(seed)
+        self._seed_generator(seed)
         current = self._reset_all()
         n, a, dev = self.num_envs, self.num_agents, self.device
         obs, state = self._augment(*current)

@@ -24,9 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
 
-from phalanx.checkpoint import section
+from phalanx.checkpoint import read_tensors, section, write_tensors_atomic
 from phalanx.draws import Source, uniform
 from phalanx.errors import CheckpointError, ConfigError
 from phalanx.league.ratings import DRAW, LEARNER, LOSS, WIN, Ratings
@@ -87,9 +86,7 @@ def save_snapshot(run_dir: Path, name: str, model: torch.nn.Module, obs_rms: Any
     tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
     if obs_rms is not None:
         tensors.update({f"obs_rms.{k}": v for k, v in obs_rms.state_dict().items()})
-    tmp = path.with_name(f".{path.name}.tmp")
-    save_file({k: v.detach().cpu().clone().contiguous() for k, v in tensors.items()}, str(tmp))
-    tmp.replace(path)
+    write_tensors_atomic(path, tensors)
     return path
 
 
@@ -97,12 +94,7 @@ def load_snapshot(run_dir: Path, name: str, learner_policy: Policy, into: Policy
     """A frozen `Policy` with a snapshot's weights, built like the learner's policy (or `into`, a frozen
     policy whose tensors take them in place)."""
     path = snapshot_path(run_dir, name)
-    try:
-        tensors = load_file(str(path))
-    except FileNotFoundError:
-        raise CheckpointError(f"league snapshot '{path}' is missing") from None
-    except Exception as e:  # safetensors raises several types for damaged files
-        raise CheckpointError(f"league snapshot '{path}' is unreadable: {e}") from None
+    tensors = read_tensors(path, "league snapshot")
     policy = into if into is not None else frozen_copy(learner_policy)
     load_frozen(policy, section(tensors, "model"), section(tensors, "obs_rms"), f"league snapshot '{path}'")
     return policy

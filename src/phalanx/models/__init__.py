@@ -1,5 +1,1 @@
-"""Policies: MLP actor-critics and their action heads."""
-
-from phalanx.models.mlp import ActionHead, MLPActorCritic
-
-__all__ = ["ActionHead", "MLPActorCritic"]
+"""Policies: the model kinds (kinds.py), their builders (registry.py) and the networks."""

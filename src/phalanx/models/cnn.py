@@ -16,11 +16,12 @@ from torch import nn
 
 from phalanx.draws import Source
 from phalanx.envs.spaces import Space
+from phalanx.models.kinds import LSTM, TRANSFORMER
 from phalanx.models.memory import LSTMActorCritic, TransformerActorCritic
 from phalanx.models.mlp import ACTIVATIONS, ActionHead, Linear, layer_init
 from phalanx.models.state import NoMemory
 
-MEMORY_CORES = {"lstm": LSTMActorCritic, "transformer": TransformerActorCritic}
+MEMORY_CORES = {LSTM.name: LSTMActorCritic, TRANSFORMER.name: TransformerActorCritic}
 
 
 def conv_min_size(kernels: tuple[int, ...], strides: tuple[int, ...]) -> int:
@@ -214,7 +215,7 @@ class CNNMemoryActorCritic(nn.Module):
         self,
         obs_shape: tuple[int, int, int],
         action_space: Space,
-        core: str | nn.Module = "lstm",
+        core: str | nn.Module = LSTM.name,
         channels: tuple[int, ...] = (32, 64, 64),
         kernels: tuple[int, ...] = (8, 4, 3),
         strides: tuple[int, ...] = (4, 2, 1),

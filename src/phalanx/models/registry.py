@@ -1,8 +1,8 @@
 """Model name -> builder, with the capabilities it declares (mirrors envs/registry.py).
 
 `check_model` raises every `ConfigError` a model would (before the trainer touches the run directory
-or any random state); `build_model` checks, then builds. The config's `model` choices are the names
-registered here (a test keeps them equal).
+or any random state); `build_model` checks, then builds. The names and what each model is are models/kinds.py's;
+every kind has its builder here (a test keeps them equal).
 """
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ from dataclasses import dataclass
 
 import torch
 
-from phalanx.config import WORLD_VALUE_MODELS, Config
+from phalanx.config import Config
 from phalanx.envs.base import VecEnv
 from phalanx.envs.spaces import Discrete
 from phalanx.errors import ConfigError
 from phalanx.models.cnn import CNNActorCritic, CNNMemoryActorCritic
+from phalanx.models.kinds import CNN, KINDS, LSTM, MLP, ROLE_ATTENTION, STRATEGY, TRANSFORMER, ModelKind
 from phalanx.models.memory import LSTMActorCritic, TransformerActorCritic
 from phalanx.models.mlp import MLPActorCritic
 from phalanx.models.protocol import ActorCritic
@@ -39,13 +40,22 @@ def is_image_env(env: VecEnv) -> bool:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    name: str
-    description: str
+    kind: ModelKind
     build: Callable[[Config, VecEnv], ActorCritic]
     # Refuses configs the model cannot serve, naming the key; runs before anything is built.
     check: Callable[[Config, VecEnv], None]
-    # A memory model: rollouts carry a state and minibatches keep each env's segment whole.
-    recurrent: bool
+
+    @property
+    def name(self) -> str:
+        return self.kind.name
+
+    @property
+    def description(self) -> str:
+        return self.kind.description
+
+    @property
+    def recurrent(self) -> bool:
+        return self.kind.recurrent
 
 
 MODELS: dict[str, ModelSpec] = {}
@@ -68,13 +78,15 @@ def check_model(cfg: Config, env: VecEnv) -> None:
     if cfg.mappo_values == "per_world":
         if cfg.critic != "mappo":
             raise ConfigError(f"config key 'mappo_values' is per_world, which needs critic mappo; got critic {cfg.critic}")
-        if cfg.model not in WORLD_VALUE_MODELS or cfg.param_sharing == "per_role":
-            raise ConfigError(f"config key 'mappo_values' is per_world, which needs model mlp or role_attention without "
+        if not KINDS[cfg.model].world_values or cfg.param_sharing == "per_role":
+            able = " or ".join(k.name for k in KINDS.values() if k.world_values)
+            raise ConfigError(f"config key 'mappo_values' is per_world, which needs model {able} without "
                               f"param_sharing per_role; got model {cfg.model}, param_sharing {cfg.param_sharing}")
     space = env.action_space
     if isinstance(space, Discrete) and space.slot_n:
-        if cfg.model not in ("mlp", "cnn", "role_attention"):
-            raise ConfigError(f"config key 'model' must be one of mlp, cnn, role_attention for env '{cfg.env}', whose slots "
+        if not KINDS[cfg.model].slot_actions:
+            able = ", ".join(k.name for k in KINDS.values() if k.slot_actions)
+            raise ConfigError(f"config key 'model' must be one of {able} for env '{cfg.env}', whose slots "
                               f"have different numbers of actions ({list(space.slot_n)}); got {cfg.model}")
         if cfg.teammates or cfg.opponents:
             raise ConfigError(f"config keys 'teammates' / 'opponents' are not supported with env '{cfg.env}', whose slots "
@@ -112,12 +124,12 @@ def _build_mlp(cfg: Config, env: VecEnv) -> ActorCritic:
 def _check_image(cfg: Config, env: VecEnv) -> None:
     if not is_image_env(env):
         raise ConfigError(f"config key 'model' is cnn but env '{cfg.env}' has flat observations "
-                          f"{tuple(env.observation_space.shape)}; allowed for it: mlp, lstm, transformer")
+                          f"{tuple(env.observation_space.shape)}; allowed for it: {MLP.name}, {LSTM.name}, {TRANSFORMER.name}")
     if cfg.critic == "mappo" or cfg.param_sharing == "per_role":
         raise ConfigError("image policies use a per-agent critic and shared parameters: set critic ippo, param_sharing shared or shared_id")
     if cfg.norm_obs:
         raise ConfigError("config key 'norm_obs' must be false for image observations (the CNN scales pixels itself)")
-    if cfg.model == "cnn" and len(cfg.cnn_channels) != 3:
+    if cfg.model == CNN.name and len(cfg.cnn_channels) != 3:
         raise ConfigError(f"config key 'cnn_channels' needs 3 widths (one per conv layer), got {cfg.cnn_channels}")
 
 
@@ -125,10 +137,10 @@ def _build_cnn(cfg: Config, env: VecEnv) -> ActorCritic:
     shape = tuple(env.observation_space.shape)
     high = float(env.observation_space.high_tensor("cpu").max())
     common = dict(num_agents=env.num_agents, agent_id=cfg.param_sharing == "shared_id", init_log_std=cfg.init_log_std)
-    if cfg.model == "cnn":
+    if cfg.model == CNN.name:
         return CNNActorCritic(shape, env.action_space, channels=tuple(cfg.cnn_channels), out_dim=cfg.cnn_dense,
                               hidden_sizes=(), max_value=high, **common)
-    core = dict(hidden=cfg.lstm_hidden) if cfg.model == "lstm" else dict(width=cfg.tf_width, layers=cfg.tf_layers,
+    core = dict(hidden=cfg.lstm_hidden) if cfg.model == LSTM.name else dict(width=cfg.tf_width, layers=cfg.tf_layers,
                                                                            heads=cfg.tf_heads, horizon=cfg.tf_horizon)
     return CNNMemoryActorCritic(shape, env.action_space, core=cfg.model, channels=tuple(cfg.cnn_channels),
                                 out_dim=cfg.cnn_dense, max_value=high, critic_hidden=tuple(cfg.hidden_sizes), **core, **common)
@@ -156,7 +168,7 @@ def _build_role_attention(cfg: Config, env: VecEnv) -> ActorCritic:
 
 # -- memory models ---------------------------------------------------------------------------------
 def _check_memory(cfg: Config, env: VecEnv) -> None:
-    if is_image_env(env) and cfg.model != "strategy":  # on images: the CNN encoder, then the memory core
+    if is_image_env(env) and cfg.model != STRATEGY.name:  # on images: the CNN encoder, then the memory core
         _check_image(cfg, env)
     if cfg.param_sharing == "per_role":
         raise ConfigError(f"config key 'param_sharing' cannot be per_role with model={cfg.model}; use shared or shared_id")
@@ -189,15 +201,9 @@ def _build_strategy(cfg: Config, env: VecEnv) -> ActorCritic:
                                **_memory_common(cfg, env))
 
 
-register_model(ModelSpec("mlp", "separate actor and critic MLPs (shared, slot id or per-role parameters)",
-                         _build_mlp, _no_check, recurrent=False))
-register_model(ModelSpec("lstm", "an LSTM over the episode's steps (on images: after the CNN encoder)",
-                         _build_lstm, _check_memory, recurrent=True))
-register_model(ModelSpec("transformer", "a causal transformer with a KV cache of tf_horizon steps (on images: after the CNN)",
-                         _build_transformer, _check_memory, recurrent=True))
-register_model(ModelSpec("strategy", "a transformer over the opponent's recent steps feeding an LSTM (two-sided games)",
-                         _build_strategy, _check_memory, recurrent=True))
-register_model(ModelSpec("cnn", "Nature-CNN encoder and dense layer for pixel observations", _build_cnn, _check_image,
-                         recurrent=False))
-register_model(ModelSpec("role_attention", "attention over the other slots, pooled per role (heterogeneous teams)",
-                         _build_role_attention, _check_role_attention, recurrent=False))
+register_model(ModelSpec(MLP, _build_mlp, _no_check))
+register_model(ModelSpec(LSTM, _build_lstm, _check_memory))
+register_model(ModelSpec(TRANSFORMER, _build_transformer, _check_memory))
+register_model(ModelSpec(STRATEGY, _build_strategy, _check_memory))
+register_model(ModelSpec(CNN, _build_cnn, _check_image))
+register_model(ModelSpec(ROLE_ATTENTION, _build_role_attention, _check_role_attention))

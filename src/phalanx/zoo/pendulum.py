@@ -7,9 +7,9 @@ import math
 import torch
 
 from phalanx.envs import draw
-from phalanx.envs.cartpole import ClassicEnv
 from phalanx.envs.registry import EnvOption, EnvSpec, register
 from phalanx.envs.spaces import Box
+from phalanx.zoo.cartpole import ClassicEnv
 
 MAX_SPEED = 8.0
 MAX_TORQUE = 2.0

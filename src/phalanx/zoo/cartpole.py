@@ -6,7 +6,6 @@ import math
 
 import torch
 
-from phalanx.draws import Draws
 from phalanx.envs import draw
 from phalanx.envs.base import StepRecord, VecEnv
 from phalanx.envs.registry import EnvOption, EnvSpec, register
@@ -63,12 +62,7 @@ class ClassicEnv(VecEnv):
         self.device = torch.device(device)
         self.max_steps = int(max_steps)
         self.roles = self.default_roles()
-        self.gen = torch.Generator(device=self.device)
-        self.rng = Draws(self.gen)
-        if seed is None:
-            self.gen.seed()
-        else:
-            self.gen.manual_seed(seed)
+        self._seed_generator(seed)
         self.physics_state = self._sample_start()
         self.elapsed = torch.zeros(num_envs, dtype=torch.long, device=self.device)
         self.ep_return = torch.zeros(num_envs, dtype=torch.float32, device=self.device)
@@ -99,8 +93,7 @@ class ClassicEnv(VecEnv):
         )
 
     def reset(self, seed: int | None = None) -> StepRecord:
-        if seed is not None:
-            self.gen.manual_seed(seed)
+        self._seed_generator(seed)
         self.physics_state = self._sample_start()
         self.elapsed.zero_()
         self.ep_return.zero_()

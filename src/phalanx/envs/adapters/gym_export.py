@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from phalanx.envs.adapters.gym import gym_space_of
 from phalanx.envs.base import VecEnv
-from phalanx.envs.gym_adapter import gym_space_of
 from phalanx.envs.spaces import Box
 from phalanx.errors import ConfigError
 

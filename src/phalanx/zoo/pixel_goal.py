@@ -77,7 +77,7 @@ from collections import deque
 
 import torch
 
-from phalanx.draws import Draws, Source, integers
+from phalanx.draws import Source, integers
 from phalanx.envs.base import StepRecord, VecEnv
 from phalanx.envs.registry import EnvOption, EnvSpec, register
 from phalanx.envs.spaces import Box, Discrete
@@ -375,12 +375,7 @@ class PixelGoalEnv(VecEnv):
         self.device = dev = torch.device(device)
         self.map, self.tau, self.k, self.max_steps, self.start = map, float(tau), k, max_steps, start
         self.roles = self.default_roles()
-        self.gen = torch.Generator(device=dev)
-        self.rng = Draws(self.gen)
-        if seed is None:
-            self.gen.seed()
-        else:
-            self.gen.manual_seed(seed)
+        self._seed_generator(seed)
         self.background = background(map, dev)
         self.sprite, self.sprite_mask = SPRITE.to(dev), SPRITE_MASK.to(dev)
         self._last_frame_no = torch.tensor([FRAMES_PER_STEP], device=dev)
@@ -480,8 +475,7 @@ class PixelGoalEnv(VecEnv):
         )
 
     def reset(self, seed: int | None = None) -> StepRecord:
-        if seed is not None:
-            self.gen.manual_seed(seed)
+        self._seed_generator(seed)
         self._start_all(self.start_tiles[self._draw_starts()])
         obs = self.frames
         false = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from phalanx.envs.adapters.gym import _map_action_space, _map_obs_space, gym_space_of
 from phalanx.envs.base import StepRecord, VecEnv, roles_from_agent_names
-from phalanx.envs.gym_adapter import _map_action_space, _map_obs_space, gym_space_of
 from phalanx.envs.registry import register_prefix
 from phalanx.envs.spaces import Box, Discrete, MultiDiscrete, Space
 from phalanx.errors import ConfigError, MissingExtraError

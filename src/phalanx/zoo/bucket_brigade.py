@@ -78,7 +78,7 @@ from dataclasses import dataclass
 import torch
 
 from phalanx.consts import constant
-from phalanx.draws import Draws, Source, uniform
+from phalanx.draws import Source, uniform
 from phalanx.envs import draw
 from phalanx.envs.base import StepRecord, VecEnv
 from phalanx.envs.registry import EnvOption, EnvSpec, register
@@ -233,12 +233,7 @@ class BucketBrigadeEnv(VecEnv):
         self._house_ids = torch.arange(NUM_HOUSES, device=dev)
         self._nvec = torch.tensor([NUM_HOUSES, 2], dtype=torch.long, device=dev)
         self._state_ids = torch.arange(3, device=dev)
-        self.gen = torch.Generator(device=dev)
-        self.rng = Draws(self.gen)
-        if seed is None:
-            self.gen.seed()
-        else:
-            self.gen.manual_seed(seed)
+        self._seed_generator(seed)
         self._new_episodes()
 
     def _new_episodes(self) -> None:
@@ -336,8 +331,7 @@ class BucketBrigadeEnv(VecEnv):
         return x.unsqueeze(1).expand(self.num_envs, self.num_agents).contiguous()
 
     def reset(self, seed: int | None = None) -> StepRecord:
-        if seed is not None:
-            self.gen.manual_seed(seed)
+        self._seed_generator(seed)
         n, a, dev = self.num_envs, self.num_agents, self.device
         self._new_episodes()
         obs, state = self._current()

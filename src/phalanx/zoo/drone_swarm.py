@@ -137,7 +137,7 @@ from dataclasses import dataclass
 import torch
 
 from phalanx.consts import constant
-from phalanx.draws import Draws, Source, normal
+from phalanx.draws import Source, normal
 from phalanx.envs.base import StepRecord, VecEnv, generator_state, set_generator_state
 from phalanx.envs.registry import EnvOption, EnvSpec, register
 from phalanx.envs.spaces import Box
@@ -361,12 +361,7 @@ class DroneSwarmEnv(VecEnv):
         # Nominal bounds: most features lie in [-1, 1]; noisy range estimates may exceed 1 a little.
         self.observation_space = Box.uniform(-2.0, 2.0, (OBS_DIM,))
         self.state_space = Box.uniform(-1.0, 1.0, (self.state_dim,))
-        self.gen = torch.Generator(device=dev)
-        self.rng = Draws(self.gen)
-        if seed is None:
-            self.gen.seed()
-        else:
-            self.gen.manual_seed(seed)
+        self._seed_generator(seed)
         self._init_state(self._draw())
 
     # --- episodes ---------------------------------------------------------------------------------
@@ -581,8 +576,7 @@ class DroneSwarmEnv(VecEnv):
 
     # --- protocol ---------------------------------------------------------------------------------
     def reset(self, seed: int | None = None) -> StepRecord:
-        if seed is not None:
-            self.gen.manual_seed(seed)
+        self._seed_generator(seed)
         n, a, dev = self.num_envs, self.num_agents, self.device
         self._init_state(self._draw())
         obs, state = self._current()

@@ -88,7 +88,7 @@ from __future__ import annotations
 import torch
 
 from phalanx.consts import constant
-from phalanx.draws import Draws, Source, uniform
+from phalanx.draws import Source, uniform
 from phalanx.envs import draw
 from phalanx.envs.base import StepRecord, VecEnv
 from phalanx.envs.registry import EnvOption, EnvSpec, register
@@ -262,12 +262,7 @@ class DuelEnv(VecEnv):
         self._weights = torch.tensor(REWARD_WEIGHTS, **f32)
         self._feat_sign = torch.tensor(MIRROR_SIGN, **f32)
         self._feat_perm = torch.tensor(MIRROR_PERM, dtype=torch.long, device=dev)
-        self.gen = torch.Generator(device=dev)
-        self.rng = Draws(self.gen)
-        if seed is None:
-            self.gen.seed()
-        else:
-            self.gen.manual_seed(seed)
+        self._seed_generator(seed)
         self.st = self._fresh(self._draw())
 
     # --- state ------------------------------------------------------------------------------------
@@ -555,8 +550,7 @@ class DuelEnv(VecEnv):
         )
 
     def reset(self, seed: int | None = None) -> StepRecord:
-        if seed is not None:
-            self.gen.manual_seed(seed)
+        self._seed_generator(seed)
         self.st = self._fresh(self._draw())
         obs = self._obs(self.st)
         false = torch.zeros(self.num_envs, 2, dtype=torch.bool, device=self.device)

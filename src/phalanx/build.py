@@ -1,0 +1,215 @@
+"""A training run's parts, built from its config (`build_run`); `Trainer` (trainer.py) runs the loop over them.
+
+Everything that can refuse the config (env, options, model, slots, the memory the buffers and the update need)
+comes before the global RNGs are seeded and the run directory is created and locked, so a refused config leaves
+nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import secrets
+import sys
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, replace
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from phalanx import budget, devices, runs
+from phalanx import checkpoint as ckpt
+from phalanx.algo import (
+    Adam,
+    GAEParams,
+    Normalizers,
+    PPOParams,
+    compile_step,
+    minibatch_step,
+)
+from phalanx.algo.ppo import EvaluateFn, StepFn
+from phalanx.config import Config, params_of
+from phalanx.distributed import Dist
+from phalanx.envs import make
+from phalanx.envs.base import VecEnv
+from phalanx.envs.check import check_env
+from phalanx.errors import ConfigError
+from phalanx.graphs import GraphedStep, check_graphs
+from phalanx.league import League, parse_mix
+from phalanx.models.protocol import ActorCritic
+from phalanx.models.registry import build_model, check_model
+from phalanx.policy import Policy, build_normalizers
+from phalanx.profile import PhaseTimer
+from phalanx.rollout import BatchEvaluator, Rollout
+from phalanx.slots import Teammates, opponent_slots, parse_teammates
+
+PROBE_ENVS = 4  # envs of the copy an env is checked and measured on before the full one is built
+
+
+@dataclass(eq=False)
+class Run:
+    """The parts of one training run, each built once by `build_run`."""
+
+    cfg: Config
+    dist: Dist
+    device: torch.device
+    main: bool  # this process writes the run directory (the only one, or torchrun's rank 0)
+    run_dir: Path
+    resume: bool
+    env_seed: int  # this rank's envs and sampling follow their own seed stream
+    env: VecEnv
+    N: int  # envs
+    A: int  # agent slots per env
+    model: ActorCritic
+    threads: devices.Threads
+    most_envs: int | None  # the largest num_envs whose buffers fit in the free memory (None: unknown)
+    params: list[torch.Tensor]  # the trained parameters
+    lr: float  # the learning rate now (the optimizer holds it as a device tensor)
+    optimizer: Adam
+    hp: PPOParams
+    gae: GAEParams
+    amp: Callable[[], AbstractContextManager]  # the forward passes' autocast (precision bf16), else a null context
+    norms: Normalizers
+    gen: torch.Generator  # the run's own draws: actions, minibatches, league players
+    teammates: Teammates | None  # scripted or frozen policies in some slots (`teammates`)
+    learner: torch.Tensor  # [A] bool: the slots that learn
+    league: League | None  # the self-play league (`opponents`)
+    update_slots: torch.Tensor | None  # the slots the update trains where it may leave the others out
+    timer: PhaseTimer
+    rollout: Rollout
+    evaluate: EvaluateFn  # a minibatch of the rollout's samples through the model (`rollout.BatchEvaluator`)
+    update_step: StepFn  # one minibatch's update (`algo.minibatch_step`; compiled or a CUDA graph where asked)
+    update_compiled: bool
+    lock: runs.RunLock | None
+
+
+def build_run(cfg: Config, run_dir: Path | None, resume: bool, dist: Dist) -> Run:
+    """Every part of a run of `cfg` in `run_dir` (None: `cfg.run_dir`, else a new name), in the order that refuses a
+    config before anything is left behind; whatever was built is released if a part refuses."""
+    parts: dict = {}
+    try:
+        return _build(cfg, run_dir, resume, dist, parts)
+    except BaseException:
+        if parts.get("env") is not None:
+            parts["env"].close()
+        if parts.get("lock") is not None:
+            parts["lock"].release()
+        raise
+
+
+def _build(cfg: Config, run_dir: Path | None, resume: bool, dist: Dist, parts: dict) -> Run:
+    device = dist.init(devices.resolve_device(cfg.device))
+    main = dist.is_main
+    announce = cfg.progress and main
+    if announce:
+        why = " (auto: CUDA, then MPS, then CPU)" if cfg.device == "auto" else ""
+        print(f"device: {device}{why}", file=sys.stderr, flush=True)
+    # Every rank must agree on the run directory: rank 0's clock and tag name it.
+    stamp, tag = dist.broadcast_int(int(time.time())), dist.broadcast_int(secrets.randbelow(1 << 24))
+    run_dir = Path(run_dir or cfg.run_dir or runs.default_run_dir(cfg.env, stamp, tag))
+    if main:  # before anything is built: a run that could never save is refused in a second
+        runs.check_writable_dir(run_dir)
+    if not resume and ckpt.list_checkpoints(run_dir):
+        raise ConfigError(f"run directory '{run_dir}' already holds a run; use --resume {run_dir} or another --run-dir")
+    if dist.enabled and cfg.opponents:
+        raise ConfigError("config key 'opponents' (the self-play league) is not supported with torchrun yet; train it in one process")
+    env_seed = cfg.seed + 1_000_033 * dist.rank
+    # A copy with a few envs comes first: the cheap part of the env contract (docs/ENVIRONMENTS.md), the
+    # model, and the memory the run will hold from their sizes, so that a broken env or an impossible
+    # num_envs is refused in seconds with one line (1e8 cartpole envs once took 14 GB before any check).
+    env = parts["env"] = make(cfg.env, num_envs=min(cfg.num_envs, PROBE_ENVS), device=device, seed=env_seed,
+                              **cfg.env_options)
+    check_env(env, quick=True)
+    check_model(cfg, env)
+    # The initial weights (an orthogonal init's QR) round differently on other thread counts: built on one
+    # thread, they are the same on every machine and whatever the threads in effect before the run.
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+    with torch.random.fork_rng(devices=[]):  # the model's initial weights follow the seed; the global RNG waits
+        torch.manual_seed(cfg.seed)
+        model = build_model(cfg, env).to(device)
+    size = sum(p.numel() for p in model.parameters())
+    rows = cfg.batch_size * env.num_agents // (cfg.num_minibatches * max(1, cfg.update_chunks))
+    threads = devices.choose_threads(cfg.torch_threads, device, size * cfg.num_envs * env.num_agents, size * rows,
+                                     dist.local_world)
+    torch.set_num_threads(threads.collect)
+    if announce:
+        print(f"torch threads: {threads}", file=sys.stderr, flush=True)
+    fits = budget.check_memory(cfg, env, env.reset(seed=env_seed), model, device, announce)
+    if env.num_envs != cfg.num_envs:
+        env.close()
+        env = parts["env"] = make(cfg.env, num_envs=cfg.num_envs, device=device, seed=env_seed, **cfg.env_options)
+        check_env(env, quick=True)  # the rollout's reset(seed) starts the env afresh after it
+    N, A = env.num_envs, env.num_agents
+    slots = parse_teammates(cfg.teammates, env)
+    if cfg.opponents:
+        if cfg.teammates:
+            raise ConfigError("config keys 'teammates' and 'opponents' both fill agent slots; set only one")
+        parse_mix(cfg.opponents, env.scripted_names)
+        opponent_slots(A, device)
+    dist.broadcast_module(model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    # The learning rate is a device tensor changed in place, and Adam's update reads no host value
+    # (phalanx.algo.adam), so the step can be captured whole.
+    optimizer = Adam(params, lr=torch.tensor(cfg.lr, device=device), eps=cfg.adam_eps)
+    # Autocast's cache of cast weights would outlive a CUDA graph's recording: off under --cuda-graphs.
+    amp = (partial(torch.autocast, device_type=device.type, dtype=torch.bfloat16, cache_enabled=not cfg.cuda_graphs)
+           if cfg.precision == "bf16" else contextlib.nullcontext)
+    norms = build_normalizers(cfg, env, N, device)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(env_seed + 1_000_003)
+    teammates = Teammates(slots, env, device) if any(slots) else None
+    learner = torch.tensor([s == "" for s in slots], device=device)
+    league = None
+    if cfg.opponents:
+        learner = ~opponent_slots(A, device)
+        league = League(cfg, env, run_dir, Policy(model, norms.obs, cfg, env.observation_space, env.action_space), gen)
+    # A model that treats every slot alike lets the update leave out the slots it does not train
+    # (scripted teammates, league opponents), whose loss terms are masked to zero anyway: half of
+    # every update in a 1v1 league.
+    partial_learner = not bool(learner.all())
+    update_slots = learner.nonzero().squeeze(1) if model.slot_agnostic and partial_learner else None
+    timer = PhaseTimer(device)
+    rollout = Rollout(cfg, env, model, norms, learner, gen, None if model.recurrent else model.act_value, amp, timer,
+                      teammates, league, seed=env_seed)
+    evaluate = BatchEvaluator(model, amp, rollout)
+    hp = params_of(PPOParams, cfg)
+    if not cfg.update_chunks:
+        need, rows = budget.minibatch_activations(evaluate, rollout.buf, cfg.num_minibatches, model.recurrent, hp, params,
+                                                  update_slots)
+        hp = replace(hp, update_chunks=budget.auto_chunks(need, rows, device, announce))
+    step = minibatch_step(evaluate, optimizer, hp, sync_grads=dist.average_grads if dist.enabled else None)
+    if cfg.compile:
+        # Shapes are fixed for the whole run (num_envs, minibatch sizes), so each compiles once (twice
+        # where a remainder makes two minibatch sizes); the update step and, where the env allows,
+        # the rollout step are captured whole.
+        rollout.compile()
+        step = compile_step(step, dynamic=False)
+    if cfg.cuda_graphs:
+        check_graphs(device)
+        if dist.enabled:
+            raise ConfigError("config key 'cuda_graphs' is not supported with torchrun yet (gradients are averaged "
+                              "between ranks inside the step); train without it")
+        rollout.use_cuda_graphs()
+        step = GraphedStep(step, device)
+    # Validated: now the run takes its seeds and its directory.
+    torch.manual_seed(cfg.seed)
+    np.random.seed(cfg.seed % (2**32))
+    random.seed(cfg.seed)
+    lock = None
+    if main:
+        with runs.writing("run directory", run_dir):
+            run_dir.mkdir(parents=True, exist_ok=True)
+            runs.check_run_dir(run_dir)
+            lock = parts["lock"] = runs.RunLock(run_dir)
+            lock.acquire()
+    dist.barrier()
+    return Run(cfg=cfg, dist=dist, device=device, main=main, run_dir=run_dir, resume=resume, env_seed=env_seed, env=env,
+               N=N, A=A, model=model, threads=threads, most_envs=fits, params=params, lr=cfg.lr, optimizer=optimizer, hp=hp,
+               gae=params_of(GAEParams, cfg), amp=amp, norms=norms, gen=gen, teammates=teammates, learner=learner,
+               league=league, update_slots=update_slots, timer=timer, rollout=rollout, evaluate=evaluate, update_step=step,
+               update_compiled=cfg.compile, lock=lock)
