@@ -3,7 +3,7 @@
 import inspect
 import re
 
-from phalanx.algo import gae, ppo, ppo_batch
+from phalanx.algo import gae, ppo, ppo_batch, update_on_rollout
 from phalanx.config import resolve
 from phalanx.episodes import EpisodeCounters
 from phalanx.models import distributions, mlp
@@ -53,10 +53,11 @@ def test_rollout_reads_the_host_only_where_reading_is_free():
             if "_read" in line:
                 assert "self.host_branches" in line, line
     update = _code(Trainer.update)
-    assert "every_step_active(trained)" in update
+    assert "self.rollout.every_step_active" in update
     for line in update.splitlines():
         if "every_step_active" in line:
-            assert "self.rollout.host_branches and" in line, line
+            assert "self.rollout.host_branches" in line, line
+    assert "unmasked_if(trained)" in _code(update_on_rollout)  # the one call, with the update's own mask
     assert "self.host_branches = False" in _code(Rollout.static_step)
     assert "self.static_step()" in _code(Rollout.capture) and "self.static_step()" in _code(Rollout.use_cuda_graphs)
     assert _code(rollout._read).count("bool(") == 1 and "isfinite(x.sum())" in _code(rollout._read_finite)

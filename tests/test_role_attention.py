@@ -14,6 +14,7 @@ from phalanx.models.role_attention import RoleAttentionActorCritic, role_attenti
 S, R, C = 0, 1, 2  # sensor, relay, cluster head (pooled with the sensors by default)
 FLOOR = 0.05
 train_mod = importlib.import_module("phalanx.trainer")
+build_mod = importlib.import_module("phalanx.build")
 
 
 def weights(scores, roles, mask=None, **kw):
@@ -273,7 +274,7 @@ def test_drop_in_for_the_trainer(tmp_path, monkeypatch):
                                         num_roles=2, width=16, hidden_sizes=(16,),
                                         state_dim=state_dim_of(env) if cfg.critic == "mappo" else None)
 
-    monkeypatch.setattr(train_mod, "build_model", build)
+    monkeypatch.setattr(build_mod, "build_model", build)
     for critic in ("ippo", "mappo"):
         cfg = resolve(dict(env="bucket_brigade", env_options={"num_agents": 3}, num_envs=2, num_steps=6, num_epochs=1,
                            num_minibatches=1, progress=False, tensorboard=False, critic=critic))

@@ -115,7 +115,7 @@ def test_import_graph_has_no_cycle():
 def test_the_graph_sees_known_edges():
     # Guards the test above against reading nothing.
     graph = _graph()
-    assert "phalanx.rollout" in graph["phalanx.trainer"]
+    assert "phalanx.build" in graph["phalanx.trainer"] and "phalanx.rollout" in graph["phalanx.build"]
     assert "phalanx.models.registry" in graph["phalanx.policy"]
     assert "phalanx.envs.registry" in graph["phalanx.config"]
 

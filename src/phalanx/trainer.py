@@ -19,8 +19,7 @@ import torch
 
 from phalanx import checkpoint as ckpt
 from phalanx import faults, run_state, runs
-from phalanx.algo import compile_step
-from phalanx.algo import update as ppo_update_of
+from phalanx.algo import compile_step, update_on_rollout
 from phalanx.build import Run, build_run
 from phalanx.config import Config, load_file, resolve
 from phalanx.distributed import Dist
@@ -84,7 +83,7 @@ class Trainer(Run):
                 run_state.set_lr(self, self.cfg.lr * (1.0 - self.update_idx / max(1, self.num_updates)))
             # Not compiled: a step without the mask would be a second graph, compiled again.
             unmasked = self.rollout.every_step_active if not self.update_compiled and self.rollout.host_branches else None
-            metrics, self._last_batch = ppo_update_of(
+            metrics, self._last_batch = update_on_rollout(
                 self.rollout.buf, self.rollout.acts_after(), self.update_step, self.hp, self.gae,
                 value_norm=self.norms.value, recurrent=self.model.recurrent, slots=self.update_slots, generator=self.gen,
                 unmasked_if=unmasked, sync_mean=self.dist.mean if self.dist.enabled else None, phase=self.timer.phase)

@@ -14,10 +14,10 @@ from phalanx.algo.ppo import (
     ppo_update,
     saved_bytes,
 )
-from phalanx.algo.update import GAEParams, advantages, normalised_values, ppo_batch, update
+from phalanx.algo.update import GAEParams, advantages, normalised_values, ppo_batch, update_on_rollout
 
 __all__ = [
     "Adam", "GAEParams", "Normalizers", "PPOBatch", "PPOParams", "RewardScaler", "RunningMeanStd", "compute_gae", "explained_variance",
     "adam_update", "advantages", "compile_step", "masked_mean", "minibatch_step", "normalised_values", "pending_bootstrap", "ppo_batch", "ppo_losses",
-    "ppo_update", "saved_bytes", "update",
+    "ppo_update", "saved_bytes", "update_on_rollout",
 ]

@@ -6,7 +6,7 @@
 4. `ppo_update` (algo/ppo.py): epochs of shuffled minibatch steps, each the losses (`ppo_losses`), the backward,
    the global-norm clip and Adam (`minibatch_step`).
 
-`update` runs the four; the trainer calls it once an iteration.
+`update_on_rollout` runs the four; the trainer calls it once an iteration.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def ppo_batch(buf: dict[str, torch.Tensor], advantages: torch.Tensor, returns: t
     )
 
 
-def update(
+def update_on_rollout(
     buf: dict[str, torch.Tensor],
     acts_after: torch.Tensor,
     step: StepFn,
