@@ -266,3 +266,20 @@ def test_gym_adapter_sync_and_async_agree_on_flattened_spaces(env_id):
     assert ended > 0 and sync.obs.shape == (n, 1, *envs[0].observation_space.shape)
     for e in envs:
         e.close()
+
+
+def test_a_tuned_gym_task_gets_its_peers_settings_under_the_users_config():
+    """`gym:LunarLander-v3` trains at the RL Zoo's settings unless the user says otherwise; other ids keep the
+    schema's defaults; the name is listed with the built-in envs."""
+    from phalanx.config import FIELDS, resolve
+    from phalanx.envs.adapters.gym import TUNED
+
+    cfg = resolve({"env": "gym:LunarLander-v3"})
+    tuned = TUNED["LunarLander-v3"][1]
+    assert {k: getattr(cfg, k) for k in tuned} == tuned
+    assert (cfg.clip_vloss, cfg.anneal_lr, cfg.num_minibatches) == (False, False, 256)
+    mine = resolve({"env": "gym:LunarLander-v3"}, {"clip_vloss": True, "num_envs": 4})
+    assert (mine.clip_vloss, mine.num_envs, mine.gamma) == (True, 4, 0.999)
+    plain = resolve({"env": "gym:CartPole-v1"})
+    assert (plain.clip_vloss, plain.num_envs) == (FIELDS["clip_vloss"].default, FIELDS["num_envs"].default)
+    assert "gym:LunarLander-v3" in penvs.registered()
