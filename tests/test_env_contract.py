@@ -6,7 +6,7 @@ import torch
 
 from phalanx.cli import main
 from phalanx.envs import ActionError, Box, Discrete, MultiDiscrete, check_env, make, registered
-from phalanx.errors import EnvContractError
+from phalanx.errors import EnvContractError, MissingExtraError
 from tests import contract_envs as ce
 
 
@@ -17,7 +17,11 @@ def test_a_contract_keeping_env_passes():
 
 @pytest.mark.parametrize("name", sorted(registered()))
 def test_every_builtin_env_keeps_the_contract(name):
-    check_env(make(name, num_envs=3, seed=0), steps=24)
+    try:
+        env = make(name, num_envs=3, seed=0)
+    except MissingExtraError as e:  # a tuned gym task whose simulator is an optional package (Box2D)
+        pytest.skip(str(e))
+    check_env(env, steps=24)
 
 
 def test_trial_nav_keeps_the_contract_across_episode_ends():

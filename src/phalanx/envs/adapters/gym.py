@@ -11,7 +11,7 @@ import torch
 from phalanx.envs.base import StepRecord, VecEnv
 from phalanx.envs.registry import EnvSpec, register, register_prefix
 from phalanx.envs.spaces import Box, Discrete, MultiDiscrete, Space
-from phalanx.errors import ConfigError
+from phalanx.errors import ConfigError, MissingExtraError
 
 
 def _finite(values: np.ndarray) -> bool:
@@ -91,6 +91,8 @@ class GymVecEnv(VecEnv):
 
         try:
             probe = gym.make(env_id, **options)  # fail here, with one line, on a bad id or option
+        except gym.error.DependencyNotInstalled as e:  # e.g. Box2D for LunarLander: listed all the same by `phalanx envs`
+            raise MissingExtraError(f"gym env '{env_id}' needs a package gymnasium leaves out: {str(e).splitlines()[0]}") from None
         except gym.error.Error as e:
             raise ConfigError(f"unknown gym env '{env_id}': {str(e).splitlines()[0]}") from None
         except TypeError as e:
