@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ class Counters:
 
     global_step: int = 0
     update_idx: int = 0
-    recent_returns: list[float] | None = None
+    recent_returns: list[float] = field(default_factory=list)
 
 
 def state_tensors(run: Run) -> dict[str, torch.Tensor]:
@@ -59,7 +59,7 @@ def save(run: Run, at: Counters) -> Path:
         "config": run.cfg.to_dict(),
         "model_shapes": {k: list(v.shape) for k, v in run.model.state_dict().items()},
         "lr": [run.lr],
-        "recent_returns": at.recent_returns or [],
+        "recent_returns": at.recent_returns,
         "python_rng": [py_state[0], list(py_state[1]), py_state[2]],
         "numpy_rng": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
     }

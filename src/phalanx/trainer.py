@@ -245,7 +245,7 @@ class Trainer(Run):
 
     def restore(self, path: Path) -> None:
         at = run_state.restore(self, path)
-        self.global_step, self.update_idx, self.recent_returns = at.global_step, at.update_idx, at.recent_returns or []
+        self.global_step, self.update_idx, self.recent_returns = at.global_step, at.update_idx, at.recent_returns
         self._last_ckpt_step, self._last_ckpt_time = self.global_step, time.monotonic()
 
     def close(self) -> None:
