@@ -80,3 +80,33 @@ def test_compare_writes_beside_the_runs_not_into_the_current_directory(tmp_path,
     assert main(["compare", str(folder / "s1"), str(folder / "s2"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["markdown"] == str(folder / "compare" / "compare.md")
     assert list(elsewhere.iterdir()) == []
+
+
+def test_a_value_clip_that_holds_the_critic_back_is_said_once_and_a_free_critic_is_not(tmp_path, capsys):
+    """LunarLander at the RL Zoo's settings with the value loss clipped learned to hover (95.7 sampled against 252.0
+    unclipped) and nothing said why; `value_clip_fraction` was 0.5-0.78 all run. A clip window far below the
+    returns' moves clips nearly every sample: the run says so once, with the keys that free the critic. Without the
+    clip (the default) there is nothing to say."""
+    args = ["--num-envs", "4", "--num-steps", "16", "--total-steps", str(30 * 64), "--num-epochs", "4",
+            "--num-minibatches", "2"]
+    _, err = _train(tmp_path, capsys, *args, "--clip-vloss", "true", "--vf-clip-coef", "1e-6", "--run-dir", str(tmp_path / "held"))
+    hints = [line for line in err if line.startswith("hint: the value loss clip")]
+    assert len(hints) == 1 and "--clip-vloss false, or --norm-value true" in hints[0], err
+    share = int(re.search(r"held back (\d+)% of", hints[0]).group(1))
+    assert share > 50
+    _, err = _train(tmp_path, capsys, *args, "--run-dir", str(tmp_path / "free"))
+    assert not any(line.startswith("hint:") for line in err)
+
+
+def test_the_value_clip_hint_waits_out_a_fresh_critics_first_updates():
+    """Healthy runs clip many samples while the critic is new (Hopper at CleanRL's settings: 0.40-0.74 over its
+    first 10 updates, then under 0.25): no hint there; one where the share stays above half."""
+    from phalanx.logs import value_clip_hint
+
+    hopper = [0.59, 0.42, 0.59, 0.74, 0.65, 0.56, 0.54, 0.55, 0.62, 0.62, 0.40, 0.24, 0.11, 0.07] + [0.0] * 10
+    rows = [{"value_clip_fraction": v} for v in hopper]
+    assert all(value_clip_hint(rows[:n], 0.2, False) is None for n in range(len(rows) + 1))
+    held = [{"value_clip_fraction": 0.6}] * 20
+    assert value_clip_hint(held[:19], 0.2, False) is None
+    hint = value_clip_hint(held, 0.2, True)
+    assert hint is not None and "60%" in hint and "window of 0.2" in hint and "--norm-value" not in hint

@@ -63,7 +63,8 @@ class Config:
                                "as many as the device's free memory needs, and on the CPU pieces of at most 128 MiB)",
                             min=0)
     clip_coef: float = _f(0.2, "PPO ratio clip", positive=True)
-    clip_vloss: bool = _f(True, "clip the value loss around the old values")
+    clip_vloss: bool = _f(False, "clip the value loss around the old values (CleanRL's default; off as in Stable-Baselines3: "
+                          "with returns in the hundreds it holds the critic back, docs/GUIDE.md)")
     vf_clip_coef: float = _f(0.0, "with clip_vloss: how far a value may move from the old one before its loss is clipped "
                              "(0: clip_coef; Stable-Baselines3's clip_range_vf)", min=0.0)
     vf_coef: float = _f(0.5, "value loss coefficient", min=0.0)

@@ -26,7 +26,7 @@ from phalanx.distributed import Dist
 from phalanx.envs import registry
 from phalanx.errors import ConfigError, NonFiniteEnvError, NonFiniteLossError, Stopped, StorageError
 from phalanx.evaluate import evaluate_policy
-from phalanx.logs import Progress, RunLog, summary_row
+from phalanx.logs import Progress, RunLog, summary_row, value_clip_hint
 from phalanx.policy import Policy
 
 HISTORY_ROWS = 1_000  # updates kept in memory for RunResult.history
@@ -65,6 +65,7 @@ class Trainer(Run):
         self.checkpoint_every = cfg.checkpoint_every or max(cfg.batch_size, cfg.total_steps // 10)
         self._last_ckpt_step, self._last_ckpt_time = 0, time.monotonic()
         self._last_batch = None
+        self._value_clip_hinted = not cfg.clip_vloss
 
     def compile_update(self, backend: str = "inductor") -> None:
         """The minibatch update step captured whole (`algo.compile_step`); `backend` for tests (aot_eager)."""
@@ -180,6 +181,11 @@ class Trainer(Run):
             self.history.append(row)
             last_row = row
             progress.update(self.global_step, row["sps"], self.recent_return())
+            if not self._value_clip_hinted and cfg.progress and self.main:
+                hint = value_clip_hint(self.history, cfg.vf_clip_coef or cfg.clip_coef, cfg.norm_value)
+                if hint is not None:
+                    self._value_clip_hinted = True
+                    print(hint, file=sys.stderr, flush=True)
             # Rank 0 decides for every rank (their clocks and signals may differ; a save is collective).
             due = cfg.checkpoint_minutes > 0 and time.monotonic() - self._last_ckpt_time >= 60 * cfg.checkpoint_minutes
             decision = self.dist.broadcast_int(2 * (stop.signum or 0) + int(due))

@@ -68,7 +68,7 @@ from phalanx.slots import random_actions
 from phalanx.trainer import Trainer
 from phalanx_bench.reference import ReferencePPO
 
-PPO_SETTINGS = {"num_epochs": 4, "num_minibatches": 8, "hidden_sizes": [64, 64]}
+PPO_SETTINGS = {"num_epochs": 4, "num_minibatches": 8, "hidden_sizes": [64, 64], "clip_vloss": True}  # ReferencePPO's
 DEFAULT_NUM_ENVS = {"cartpole": [8, 64, 512, 4096], "bucket_brigade": [64, 256, 1024, 4096]}
 SB3_ROLLOUT = 2048 * 8  # SB3 defaults: n_steps 2048 per env, 8 envs
 TARGETS = [*DEFAULT_NUM_ENVS, "suite", "profile"]
@@ -599,7 +599,8 @@ def sb3_comparison(rollouts: int, num_envs: int | None, train_sps: float | None)
 
 SB3_SETTINGS = {"num_envs": 8, "num_steps": 2048, "num_epochs": 10, "num_minibatches": 2048 * 8 // 64, "lr": 3e-4,
                 "hidden_sizes": [64, 64], "activation": "tanh", "gamma": 0.99, "gae_lambda": 0.95, "clip_coef": 0.2,
-                "ent_coef": 0.0, "vf_coef": 0.5, "max_grad_norm": 0.5, "anneal_lr": False, "norm_adv": True}
+                "ent_coef": 0.0, "vf_coef": 0.5, "max_grad_norm": 0.5, "anneal_lr": False, "norm_adv": True,
+                "clip_vloss": False}
 
 
 def sb3_settings_config(run_dir: str):
@@ -873,7 +874,7 @@ def _reference_row(num_envs: int, args: argparse.Namespace, device: torch.device
     """The minimal pure-torch PPO loop at cartpole's own training settings (steps, epochs, minibatches, width)."""
     cfg = resolve({"env": "cartpole", **({"num_steps": args.steps} if args.steps else {})})
     ref = ReferencePPO(num_envs, cfg.num_steps, device, epochs=cfg.num_epochs, minibatches=cfg.num_minibatches,
-                       hidden=cfg.hidden_sizes[0])
+                       hidden=cfg.hidden_sizes[0], clip_vloss=cfg.clip_vloss)
     try:
         return measure(ref.iteration, num_envs * cfg.num_steps, args.seconds, device)
     finally:

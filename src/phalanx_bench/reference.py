@@ -38,8 +38,9 @@ class ReferencePPO:
 
     def __init__(self, num_envs: int, num_steps: int, device: torch.device, seed: int = 1,
                  epochs: int = 4, minibatches: int = 8, lr: float = 2.5e-4, gamma: float = 0.99, lam: float = 0.95,
-                 hidden: int = 64):
+                 hidden: int = 64, clip_vloss: bool = True):
         torch.manual_seed(seed)
+        self.clip_vloss = clip_vloss
         self.N, self.T, self.dev = num_envs, num_steps, device
         self.epochs, self.minibatches, self.gamma, self.lam = epochs, minibatches, gamma, lam
         self.env = make("cartpole", num_envs=num_envs, device=device, seed=seed)
@@ -102,8 +103,11 @@ class ReferencePPO:
                 a = b_adv[idx]
                 a = (a - a.mean()) / (a.std(correction=0) + 1e-8)
                 pg = torch.max(-a * ratio, -a * ratio.clamp(0.8, 1.2)).mean()
-                v_clip = b_val[idx] + (newv - b_val[idx]).clamp(-0.2, 0.2)
-                v_loss = 0.5 * torch.max((newv - b_ret[idx]) ** 2, (v_clip - b_ret[idx]) ** 2).mean()
+                v_loss = (newv - b_ret[idx]) ** 2
+                if self.clip_vloss:
+                    v_clip = b_val[idx] + (newv - b_val[idx]).clamp(-0.2, 0.2)
+                    v_loss = torch.max(v_loss, (v_clip - b_ret[idx]) ** 2)
+                v_loss = 0.5 * v_loss.mean()
                 loss = pg - 0.0 * entropy.mean() + 0.5 * v_loss
                 self.opt.zero_grad(set_to_none=True)
                 loss.backward()

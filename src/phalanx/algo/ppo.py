@@ -22,7 +22,7 @@ class PPOParams:
     vf_coef: float = 0.5  # value loss weight
     ent_coef: float = 0.0  # entropy bonus weight
     max_grad_norm: float = 0.5  # global gradient norm clip
-    clip_vloss: bool = True  # clip the value loss around the values at collection
+    clip_vloss: bool = False  # clip the value loss around the values at collection
     vf_clip_coef: float = 0.0  # the value clip (0: clip_coef)
     norm_adv: bool = True  # normalise advantages per minibatch
     target_kl: float = 0.0  # stop an update's epochs once approx-KL exceeds it (0: never)

@@ -74,6 +74,7 @@ BUILT_IN: dict[str, str] = {
     "vmas:navigation": "phalanx.envs.adapters.vmas",
     "vmas:balance": "phalanx.envs.adapters.vmas",
     "gym:LunarLander-v3": "phalanx.envs.adapters.gym",
+    "gym:Pendulum-v1": "phalanx.envs.adapters.gym",
 }
 BUILT_IN_PREFIXES: dict[str, str] = {
     "gym": "phalanx.envs.adapters.gym",

@@ -220,6 +220,7 @@ _VMAS_TRAIN = {
     "num_envs": 600, "num_steps": 100, "gamma": 0.9, "gae_lambda": 0.9, "hidden_sizes": [256, 256], "activation": "tanh",
     "critic": "mappo", "param_sharing": "shared", "lr": 1e-3, "num_epochs": 10, "num_minibatches": 15, "ent_coef": 0.0,
     "norm_obs": False, "norm_reward": False, "total_steps": 3_000_000,
+    "clip_vloss": True,  # the benchmark's figures were measured with the value loss clipped; not yet without
 }
 for _scenario, _settings, _about in (
     ("navigation", {"n_agents": 3, "shared_rew": False, "collisions": True, "agents_with_same_goal": 1, "split_goals": False,
