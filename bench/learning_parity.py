@@ -6,7 +6,8 @@
 Each row is a sweep spec, `bench/parity/<row>.yaml` (config keys written out, the peer's settings in its comment),
 run by `phalanx sweep` into OUT/<row>/ (resumable: run it again and finished runs are kept). Every finished run is
 then scored by `phalanx eval RUN --episodes N --json`: greedy play and sampled play, N fresh episodes each (kept in
-OUT/<row>/eval/). OUT/table.md: per row, Phalanx's mean over seeds with a 95% bootstrap interval over seeds
+OUT/<row>/eval/ with the run's training time, so that --report-only makes the table again without the runs).
+OUT/table.md: per row (every row OUT holds), Phalanx's mean over seeds with a 95% bootstrap interval over seeds
 (`phalanx.compare.bootstrap_ci`) and each seed's figure, greedy and sampled, beside the peer's published figure, what
 that figure measures and where it was published, and the training wall time of each run.
 
@@ -97,11 +98,15 @@ def scores(row: str, out: Path, episodes: int) -> dict | None:
     seeds, greedy, sampled, seconds = [], [], [], []
     for trial in sorted(done, key=lambda t: t["seed"]):
         run = out / row / "runs" / trial["name"]
-        result = evaluate(run, out / row / "eval" / f"{trial['name']}.json", episodes)
+        cached = out / row / "eval" / f"{trial['name']}.json"
+        result = evaluate(run, cached, episodes)
+        if "train_seconds" not in result:  # kept beside the scores: the runs themselves are not kept with the results
+            result["train_seconds"] = train_seconds(run)
+            cached.write_text(json.dumps(result, indent=1))
         seeds.append(trial["seed"])
         greedy.append(result["mean_return"])
         sampled.append(result["sampled_play"]["mean_return"])
-        seconds.append(train_seconds(run))
+        seconds.append(result["train_seconds"])
     return {"seeds": seeds, "greedy": greedy, "sampled": sampled, "train_seconds": seconds}
 
 
@@ -140,10 +145,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown row {unknown[0]!r}; allowed: {', '.join(PEERS)}")
     out = Path(args.out)
-    results = {}
-    for row in rows:
-        if not args.report_only:
+    if not args.report_only:
+        for row in rows:
             run_row(row, Path(args.specs), out, args.workers)
+    results = {}
+    for row in PEERS:  # every row OUT holds, so that training some rows keeps the others in the table
         if (out / row / "sweep.json").exists():
             got = scores(row, out, args.episodes)
             if got is not None:

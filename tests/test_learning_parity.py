@@ -3,6 +3,7 @@ Phalanx's mean beside the peer's published figure; run again, it trains nothing.
 
 import importlib.util
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -47,3 +48,8 @@ def test_a_row_is_trained_scored_and_tabled_then_kept(tmp_path, capsys):
     assert parity.main(args) == 0  # a second time: the sweep keeps its finished runs, the scores come from the cache
     assert [(r / "metrics.jsonl").stat().st_mtime_ns for r in runs] == stamps
     assert json.loads((out / "results.json").read_text())["cartpole_cleanrl"] == results
+    # The runs are not kept with the results (bench/results keeps sweep.json and the scores): the table is made
+    # again from what is kept, and training another row leaves this one in it.
+    shutil.rmtree(out / "cartpole_cleanrl" / "runs")
+    assert parity.main([*args, "--report-only"]) == 0
+    assert (out / "table.md").read_text() == table

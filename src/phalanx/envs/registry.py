@@ -75,6 +75,8 @@ BUILT_IN: dict[str, str] = {
     "vmas:balance": "phalanx.envs.adapters.vmas",
     "gym:LunarLander-v3": "phalanx.envs.adapters.gym",
     "gym:Pendulum-v1": "phalanx.envs.adapters.gym",
+    "gym:HalfCheetah-v5": "phalanx.envs.adapters.gym",
+    "gym:Hopper-v5": "phalanx.envs.adapters.gym",
 }
 BUILT_IN_PREFIXES: dict[str, str] = {
     "gym": "phalanx.envs.adapters.gym",

@@ -276,6 +276,11 @@ TUNED: dict[str, tuple[str, dict[str, Any]]] = {
     "Pendulum-v1": ("the RL Zoo's PPO settings (Stable-Baselines3) without gSDE", {
         "num_envs": 4, "num_steps": 1024, "num_minibatches": 64, "num_epochs": 10, "gamma": 0.9, "gae_lambda": 0.95,
         "ent_coef": 0.0, "lr": 1e-3, "anneal_lr": False, "clip_vloss": False, "total_steps": 100_000}),
+    # CleanRL's ppo_continuous_action.py, its MuJoCo benchmark's settings (bench/parity/<task>_cleanrl.yaml).
+    **{task: ("CleanRL's ppo_continuous_action.py settings", {
+        "num_envs": 1, "num_steps": 2048, "num_minibatches": 32, "num_epochs": 10, "lr": 3e-4, "anneal_lr": True,
+        "gamma": 0.99, "gae_lambda": 0.95, "ent_coef": 0.0, "clip_vloss": True, "norm_obs": True, "norm_reward": True,
+        "obs_clip": 10.0, "total_steps": 1_000_000}) for task in ("HalfCheetah-v5", "Hopper-v5")},
 }
 
 
