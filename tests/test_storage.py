@@ -6,6 +6,7 @@ Linux, and a small or read-only tmpfs in a user namespace (`unshare -rm`) where 
 
 from __future__ import annotations
 
+import os
 import resource
 import shutil
 import signal
@@ -89,6 +90,20 @@ def test_a_checkpoint_that_cannot_be_written_is_one_line_and_the_last_one_stays(
                           f"`phalanx train --resume {run}`")
     _no_leftovers(run)
     assert [p.name for p in ckpt.list_checkpoints(run)] == ["step_000000000256"]
+
+
+@linux_only
+def test_a_league_snapshot_that_cannot_be_written_is_one_line(tmp_path):
+    """A self-play run under a 64 KiB file size limit: its first league snapshot (a 256x256 MLP's weights, about
+    0.6 MB) cannot be written. It ended in a SafetensorError traceback with exit status 1."""
+    run = tmp_path / "r"
+    proc = subprocess.run(TRAIN[:5] + ["duel", *TRAIN[6:], "--run-dir", str(run), "--total-steps", "1024",
+                                       "--hidden-sizes", "256,256"],
+                          capture_output=True, text=True, timeout=120, preexec_fn=_limit_file_size(64 << 10))
+    _one_error_line(proc, f"could not write league snapshot '{run / 'league' / 'snapshots'}/snapshot_",
+                    ".safetensors': File too large (the file size limit)")
+    _no_leftovers(run)
+    assert not list((run / "league" / "snapshots").iterdir())
 
 
 @linux_only
@@ -205,7 +220,7 @@ def test_a_json_file_that_cannot_be_written_is_a_storage_error_and_the_old_one_s
     def full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(ckpt.json, "dump", full)
+    monkeypatch.setattr(os, "fsync", full)  # where a full disk often shows: the data would not reach it
     with pytest.raises(StorageError, match=f"could not write file '{path}': No space left on device "
                                                           r"\(disk full\)$"):
         ckpt.write_json_atomic(path, {"a": 2})

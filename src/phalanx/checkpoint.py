@@ -8,7 +8,6 @@ so a reader never sees a half-written one; the digests catch truncation and bit 
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -52,19 +51,8 @@ def _fsync_dir(path: Path) -> None:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """`data` as JSON in `path`, whole or not at all: a failed write (StorageError) leaves the old file and no
-    temporary one."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with runs.writing("file", path):
-        try:
-            with open(tmp, "w") as f:
-                json.dump(data, f, indent=2, sort_keys=True)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        finally:
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
+    """`data` as JSON in `path`, whole or not at all (`runs.write_atomic`)."""
+    runs.write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True))
 
 
 def _contiguous(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -77,17 +65,9 @@ def _write_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
         os.fsync(f.fileno())
 
 
-def write_tensors_atomic(path: Path, tensors: dict[str, torch.Tensor]) -> None:
-    """One safetensors file (a league snapshot), written under a temporary name, synced and renamed, so a reader
-    never sees half of it."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        _write_tensors(tmp, tensors)
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
+def write_tensors_atomic(path: Path, tensors: dict[str, torch.Tensor], what: str) -> None:
+    """One safetensors file (`what`, e.g. a league snapshot), whole or not at all (`runs.write_atomic`)."""
+    runs.write_atomic(path, lambda tmp: save_file(_contiguous(tensors), str(tmp)), what)
 
 
 def read_tensors(path: Path, what: str) -> dict[str, torch.Tensor]:

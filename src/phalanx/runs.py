@@ -13,7 +13,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -148,15 +148,25 @@ class RunLock:
             self._fd = None
 
 
-def replace_text(tmp: Path, path: Path, text: str) -> None:
-    """Write `text` to `tmp` and rename it over `path`; a failed write leaves `path` as it was and no `tmp`."""
-    with writing("file", path):
+def write_atomic(path: Path, write: Callable[[Path], None], what: str = "file") -> None:
+    """`write` fills a temporary file beside `path`, which is synced and renamed over it: a reader sees the old file
+    or the whole new one, and a failed write (a StorageError naming `what`) leaves the old file and no temporary
+    one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with writing(what, path):
         try:
-            tmp.write_text(text)
+            write(tmp)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
             os.replace(tmp, path)
         finally:
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
+
+
+def write_text_atomic(path: Path, text: str, what: str = "file") -> None:
+    write_atomic(path, lambda tmp: tmp.write_text(text), what)
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -179,8 +189,7 @@ def truncate_metrics(run_dir: Path, max_step: int) -> None:
     if not path.is_file():
         return
     keep = [r for r in read_metrics(run_dir) if r.get("step", 0) <= max_step]
-    tmp = path.with_name(".metrics.jsonl.tmp")
-    replace_text(tmp, path, "".join(json.dumps(r) + "\n" for r in keep))
+    write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in keep), "metrics")
 
 
 def write_metric_csvs(run_dir: Path) -> None:
@@ -204,7 +213,7 @@ def write_metric_csvs(run_dir: Path) -> None:
                 vals.append(dealt / taken if dealt is not None and taken else None)
             lines.append(",".join([str(r["step"]), *("" if v is None else f"{v:.6g}" for v in vals)]))
         path = Path(run_dir) / name
-        replace_text(path.with_name(f".{name}.tmp"), path, "\n".join(lines) + "\n")
+        write_text_atomic(path, "\n".join(lines) + "\n")
 
 
 RUN_ENTRIES = ("checkpoints", "league", "tb", "plots", "metrics.jsonl", "config.json", "manifest.json", "eval.json",

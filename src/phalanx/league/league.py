@@ -86,7 +86,7 @@ def save_snapshot(run_dir: Path, name: str, model: torch.nn.Module, obs_rms: Any
     tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
     if obs_rms is not None:
         tensors.update({f"obs_rms.{k}": v for k, v in obs_rms.state_dict().items()})
-    write_tensors_atomic(path, tensors)
+    write_tensors_atomic(path, tensors, "league snapshot")
     return path
 
 
