@@ -60,6 +60,8 @@ PEERS = {
                                 "training episodes (sampled), HalfCheetah-v4", CLEANRL_CONT, "1M"),
     "hopper_cleanrl": Peer("Hopper-v5", "CleanRL ppo_continuous_action.py", 2382.86, 271.74,
                            "training episodes (sampled), Hopper-v4", CLEANRL_CONT, "1M"),
+    "walker2d_cleanrl": Peer("Walker2d-v5", "CleanRL ppo_continuous_action.py", 2287.95, 571.78,
+                             "training episodes (sampled), Walker2d-v4", CLEANRL_CONT, "1M"),
 }
 
 

@@ -77,6 +77,7 @@ BUILT_IN: dict[str, str] = {
     "gym:Pendulum-v1": "phalanx.envs.adapters.gym",
     "gym:HalfCheetah-v5": "phalanx.envs.adapters.gym",
     "gym:Hopper-v5": "phalanx.envs.adapters.gym",
+    "gym:Walker2d-v5": "phalanx.envs.adapters.gym",
 }
 BUILT_IN_PREFIXES: dict[str, str] = {
     "gym": "phalanx.envs.adapters.gym",

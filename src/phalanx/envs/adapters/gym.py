@@ -280,7 +280,7 @@ TUNED: dict[str, tuple[str, dict[str, Any]]] = {
     **{task: ("CleanRL's ppo_continuous_action.py settings", {
         "num_envs": 1, "num_steps": 2048, "num_minibatches": 32, "num_epochs": 10, "lr": 3e-4, "anneal_lr": True,
         "gamma": 0.99, "gae_lambda": 0.95, "ent_coef": 0.0, "clip_vloss": True, "norm_obs": True, "norm_reward": True,
-        "obs_clip": 10.0, "total_steps": 1_000_000}) for task in ("HalfCheetah-v5", "Hopper-v5")},
+        "obs_clip": 10.0, "total_steps": 1_000_000}) for task in ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5")},
 }
 
 
