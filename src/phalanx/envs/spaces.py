@@ -4,20 +4,73 @@
 always (free: nothing is read), out-of-range discrete actions where reading them is free (on the CPU,
 outside a compiled graph; on an accelerator it would stall the device every step, so there
 `phalanx check-env` and the trainer's first step check the range instead).
+
+A space is checked and normalised once, when built: a wrong one (a NaN bound, `n=0`, a float in `nvec`)
+is an EnvContractError naming the space and what it allows, not a failure later in training.
 """
 
 from __future__ import annotations
 
+import math
+import operator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from phalanx.consts import constant
 from phalanx.draws import Source, integers, uniform
+from phalanx.errors import EnvContractError
 
 
 class ActionError(ValueError):
     """Actions that do not fit the action space; the message is one line."""
+
+
+def _shown(value: Any) -> str:
+    text = repr(value).replace("\n", " ")
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _positive_int(value: Any) -> int | None:
+    """`value` as an int where it is a positive integer (a numpy or 0-d tensor integer too; a bool is not one)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        k = operator.index(value)
+    except TypeError:
+        return None
+    return k if k > 0 else None
+
+
+def _positive_ints(value: Any, space: str, field: str) -> tuple[int, ...]:
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise EnvContractError(f"{space} {field} must be a tuple of positive ints; got {_shown(value)}")
+    out = []
+    for i, v in enumerate(value):
+        k = _positive_int(v)
+        if k is None:
+            raise EnvContractError(f"{space} {field} must be a tuple of positive ints; got {_shown(v)} at index {i}")
+        out.append(k)
+    return tuple(out)
+
+
+def _bound_values(value: Any, field: str) -> torch.Tensor:
+    """A Box bound as a float64 tensor (Python floats read without rounding through float32)."""
+    allowed = "a number, or numbers broadcastable to shape (a sequence, a numpy array or a tensor)"
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu()
+    try:
+        kind = torch.as_tensor(value).dtype
+    except (TypeError, ValueError, RuntimeError):
+        raise EnvContractError(f"Box {field} must be {allowed}; got {_shown(value)}") from None
+    if kind == torch.bool or kind.is_complex:
+        raise EnvContractError(f"Box {field} must be {allowed}, not {'bool' if kind == torch.bool else 'complex'}; "
+                               f"got {_shown(value)}")
+    values = torch.as_tensor(value, dtype=torch.float64)
+    if bool(values.isnan().any()):
+        raise EnvContractError(f"Box {field} must not hold NaN (-inf and +inf are allowed); got {_shown(value)}")
+    return values
 
 
 def _batched(actions: torch.Tensor, num_envs: int, num_agents: int, space: Space) -> torch.Tensor:
@@ -61,6 +114,16 @@ class Discrete:
 
     n: int
     slot_n: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        n = _positive_int(self.n)
+        if n is None:
+            raise EnvContractError(f"Discrete n must be a positive int; got {_shown(self.n)}")
+        slot_n = _positive_ints(self.slot_n, "Discrete", "slot_n")
+        if any(k > n for k in slot_n):
+            raise EnvContractError(f"Discrete slot_n must hold counts <= n ({n}); got {list(slot_n)}")
+        object.__setattr__(self, "n", n)
+        object.__setattr__(self, "slot_n", slot_n)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -116,6 +179,34 @@ class MultiDiscrete:
     nvec: tuple[int, ...]
     gates: tuple[tuple[int, int, int], ...] = ()
 
+    def __post_init__(self) -> None:
+        nvec = _positive_ints(self.nvec, "MultiDiscrete", "nvec")
+        if not nvec:
+            raise EnvContractError("MultiDiscrete nvec must be a non-empty tuple of positive ints; got an empty one")
+        if isinstance(self.gates, (str, bytes)) or not hasattr(self.gates, "__iter__"):
+            raise EnvContractError(f"MultiDiscrete gates must be a tuple of (head, on_head, value); got {_shown(self.gates)}")
+        object.__setattr__(self, "nvec", nvec)
+        object.__setattr__(self, "gates", tuple(self._gate(g) for g in self.gates))
+
+    def _gate(self, gate: Any) -> tuple[int, int, int]:
+        form = "a gate must be (head, on_head, value), three ints"
+        if isinstance(gate, (str, bytes)) or not hasattr(gate, "__len__") or len(gate) != 3:
+            raise EnvContractError(f"MultiDiscrete {form}; got {_shown(gate)}")
+        try:
+            head, on_head, value = (operator.index(x) for x in gate)
+        except TypeError:
+            raise EnvContractError(f"MultiDiscrete {form}; got {_shown(gate)}") from None
+        heads = len(self.nvec)
+        for name, h in (("head", head), ("on_head", on_head)):
+            if not 0 <= h < heads:
+                raise EnvContractError(f"MultiDiscrete gate {_shown(gate)}: {name} {h} must lie in [0, {heads})")
+        if head == on_head:
+            raise EnvContractError(f"MultiDiscrete gate {_shown(gate)}: a head cannot be gated on itself")
+        if not 0 <= value < self.nvec[on_head]:
+            raise EnvContractError(f"MultiDiscrete gate {_shown(gate)}: value {value} must lie in [0, {self.nvec[on_head]}) "
+                                   f"(the values of head {on_head})")
+        return head, on_head, value
+
     @property
     def shape(self) -> tuple[int, ...]:
         return (len(self.nvec),)
@@ -146,17 +237,50 @@ class MultiDiscrete:
 
 @dataclass(frozen=True)
 class Box:
+    """Bounds `low` and `high` as gymnasium takes them: numbers, sequences, numpy arrays or tensors
+    broadcastable to `shape` (without a shape, the bounds' own: two numbers make shape (1,)); held as
+    one float per element, flattened in row-major order. -inf and +inf are allowed, NaN is not."""
+
     low: tuple[float, ...]
     high: tuple[float, ...]
-    shape: tuple[int, ...]
+    shape: tuple[int, ...] = None  # type: ignore[assignment]  # None: the bounds' own shape
     dtype: torch.dtype = torch.float32
+
+    def __post_init__(self) -> None:
+        low, high = _bound_values(self.low, "low"), _bound_values(self.high, "high")
+        if self.shape is None:
+            shape = tuple(torch.broadcast_shapes(low.shape, high.shape)) or (1,)
+        elif isinstance(self.shape, (str, bytes)) or not hasattr(self.shape, "__iter__"):
+            raise EnvContractError(f"Box shape must be a tuple of positive ints; got {_shown(self.shape)}")
+        else:
+            shape = _positive_ints(self.shape, "Box", "shape")
+        if not isinstance(self.dtype, torch.dtype):
+            raise EnvContractError(f"Box dtype must be a torch dtype (torch.float32, or torch.uint8 for pixels); "
+                                   f"got {_shown(self.dtype)}")
+        flat = {}
+        for field, values in (("low", low), ("high", high)):
+            try:
+                flat[field] = values.broadcast_to(shape).reshape(-1)
+            except RuntimeError:
+                raise EnvContractError(f"Box {field} of shape {list(values.shape)} does not broadcast to shape {list(shape)}"
+                                       " (give a number, or one value per element)") from None
+        low, high = flat["low"], flat["high"]
+        for field, values, wrong in (("low", low, math.inf), ("high", high, -math.inf)):
+            if bool((values == wrong).any()):
+                raise EnvContractError(f"Box {field} must not be {wrong:+} (a side without a bound is low=-inf or high=+inf); "
+                                       f"got {_shown(getattr(self, field))}")
+        upside_down = (low > high).nonzero()
+        if len(upside_down):
+            i = int(upside_down[0])
+            raise EnvContractError(f"Box low must be <= high everywhere; got low {low[i].item():g} > high {high[i].item():g} "
+                                   f"at index {i} of the flattened shape {list(shape)}")
+        object.__setattr__(self, "low", tuple(low.tolist()))
+        object.__setattr__(self, "high", tuple(high.tolist()))
+        object.__setattr__(self, "shape", shape)
 
     @staticmethod
     def uniform(low: float, high: float, shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> Box:
-        n = 1
-        for s in shape:
-            n *= s
-        return Box((float(low),) * n, (float(high),) * n, tuple(shape), dtype)
+        return Box(low, high, shape, dtype)
 
     def low_tensor(self, device: torch.device | str = "cpu") -> torch.Tensor:
         return constant(tuple(self.low), device).reshape(self.shape)
