@@ -95,7 +95,7 @@ def _refused(make, *words):
     (dict(low=0.0, high=1.0, shape=(0,)), ["Box", "shape", "positive ints"]),
     (dict(low=0.0, high=1.0, shape=(True,)), ["Box", "shape", "positive ints"]),
     (dict(low=0.0, high=1.0, shape=2), ["Box", "shape", "tuple"]),
-    (dict(low=0.0, high=1.0, shape=(2,), dtype=np.float32), ["Box", "dtype", "torch.float32"]),
+    (dict(low=0.0, high=1.0, shape=(2,), dtype="no such type"), ["Box", "dtype", "torch.float32"]),
 ], ids=lambda v: None if isinstance(v, list) else "-".join(map(repr, v.values()))[:60])
 def test_box_refuses_a_wrong_bound_shape_or_dtype_in_one_line(kwargs, words):
     _refused(lambda: Box(**kwargs), *words)
@@ -195,3 +195,9 @@ def test_check_env_refuses_a_box_built_wrongly_in_one_line(user_module, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("phalanx: error: Box") and "\n" not in err, err
     assert "low must be <= high" in err
+
+
+@pytest.mark.parametrize("given, held", [(np.float32, torch.float32), (np.uint8, torch.uint8), ("float64", torch.float64),
+                                         (torch.float16, torch.float16)])
+def test_box_takes_a_numpy_dtype_as_gymnasium_does(given, held):
+    assert Box(low=0.0, high=1.0, shape=(2,), dtype=given).dtype == held

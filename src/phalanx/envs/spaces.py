@@ -16,6 +16,7 @@ import operator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from phalanx.consts import constant
@@ -235,6 +236,16 @@ class MultiDiscrete:
         return actions
 
 
+def _torch_dtype(dtype: Any) -> torch.dtype:
+    """A gymnasium-style dtype (np.float32, np.uint8, "float32") as the torch dtype a batched env holds."""
+    try:
+        kind = np.dtype(dtype)
+        return torch.from_numpy(np.zeros(0, dtype=kind)).dtype
+    except (TypeError, ValueError):
+        raise EnvContractError(f"Box dtype must be a torch or numpy dtype (torch.float32, or torch.uint8 for pixels); "
+                               f"got {_shown(dtype)}") from None
+
+
 @dataclass(frozen=True)
 class Box:
     """Bounds `low` and `high` as gymnasium takes them: numbers, sequences, numpy arrays or tensors
@@ -255,8 +266,7 @@ class Box:
         else:
             shape = _positive_ints(self.shape, "Box", "shape")
         if not isinstance(self.dtype, torch.dtype):
-            raise EnvContractError(f"Box dtype must be a torch dtype (torch.float32, or torch.uint8 for pixels); "
-                                   f"got {_shown(self.dtype)}")
+            object.__setattr__(self, "dtype", _torch_dtype(self.dtype))
         flat = {}
         for field, values in (("low", low), ("high", high)):
             try:
