@@ -86,12 +86,14 @@ def _parse_env_options(extra: list[str]) -> dict[str, str]:
 
 
 def typed_env_options(env_name: str, env_opts: dict[str, str]) -> dict[str, Any]:
-    """Env options from the command line: declared ones as they are (the registry coerces them); for gym /
-    pz constructors and plugin factories, keyword arguments typed as YAML reads them (25 -> int), which
-    the factory's signature (or the adapter) refuses where it does not take them."""
+    """Env options from the command line: declared ones, and a plugin factory's that its signature types
+    (`registry.option_types`), as they are (the registry coerces them); the other keyword arguments of gym /
+    pz constructors and plugin factories typed as YAML reads them (25 -> int), which the factory's
+    signature (or the adapter) refuses where it does not take them."""
     s = registry.check_name(env_name)
     if s is None or s.free_options:
-        return {k: yaml.safe_load(v) for k, v in env_opts.items()}
+        typed = registry.option_types(env_name)
+        return {k: v if k in typed else yaml.safe_load(v) for k, v in env_opts.items()}
     for k in env_opts:
         if k not in s.options:
             allowed = ", ".join(sorted(s.options)) or "none"

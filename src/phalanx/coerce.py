@@ -15,9 +15,21 @@ TRUE_WORDS = ("true", "1", "yes", "on")
 FALSE_WORDS = ("false", "0", "no", "off")
 
 
-def coerce(value: Any, want: type, what: str) -> Any:
+def coerce(value: Any, want: type, what: str, *, parse_text: bool = True) -> Any:
     """`value` as a `want` (bool, int, float, str, list of positive ints, dict); `what` names the field
-    in the one-line error, e.g. "config key 'lr'" or "env option 'max_steps' of 'cartpole'"."""
+    in the one-line error, e.g. "config key 'lr'" or "env option 'max_steps' of 'cartpole'".
+
+    `parse_text`: a string is text to read as a `want` (the command line's); without it the value is
+    already typed (a file's: YAML, TOML, JSON) and must be a `want` itself, so that a quoted "8" or
+    "no" in a file is refused rather than read behind the user's back. Either way an int is a float,
+    a whole float an int (`1e6` steps), and a bool never a number."""
+    if not parse_text and isinstance(value, str) and want is not str:
+        try:
+            parsed = coerce(value, want, what)
+        except ConfigError:
+            raise ConfigError(f"{what} must be {_wanted(want)}, got the text {value!r}") from None
+        raise ConfigError(f"{what} must be {_wanted(want)}, got the text {value!r} (write {_literal(parsed, value)} without "
+                          "quotes)")
     bad = ConfigError(f"{what} must be {want.__name__}, got {value!r}")
     if want is bool:
         if isinstance(value, bool):
@@ -77,3 +89,16 @@ def coerce(value: Any, want: type, what: str) -> Any:
             return dict(value)
         raise ConfigError(f"{what} must be a mapping, got {value!r}")
     raise bad
+
+
+def _wanted(want: type) -> str:
+    return {bool: "bool (true or false)", list: "a list of positive integers", dict: "a mapping"}.get(want, want.__name__)
+
+
+def _literal(value: Any, text: str) -> str:
+    """How a file writes `value`, read from `text` (YAML, TOML and JSON alike)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return "[" + ", ".join(map(str, value)) + "]"
+    return text.strip()

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import sys
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -205,8 +207,37 @@ def _check_range(key: str, value: Any) -> None:
         raise ConfigError(f"config key '{key}' must be one of {', '.join(meta['choices'])}; got {value!r}")
 
 
-def load_file(path: str | Path) -> dict[str, Any]:
-    """Read a YAML or TOML config file into a plain mapping."""
+class _YamlLoader(yaml.SafeLoader):
+    """PyYAML's safe loader reading numbers as YAML 1.2 does: under YAML 1.1 an unquoted `3e-4` or `1e6` (no
+    dot, or no sign in the exponent) is text, which a typed key would refuse; here it is a float."""
+
+
+_YamlLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:float"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                   |[-+]?\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?
+                   |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
+                   |[-+]?\.(?:inf|Inf|INF)
+                   |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."),
+)
+
+
+class FileLayer(dict):
+    """A config file's keys: typed values (YAML, TOML, JSON), so `resolve` holds each to its key's type where
+    the command line's text is parsed; `path` names the file in a refusal."""
+
+    def __init__(self, data: dict[str, Any], path: Path) -> None:
+        super().__init__(data)
+        self.path = path
+
+
+def load_file(path: str | Path) -> FileLayer:
+    """Read a YAML or TOML (or JSON) config file into a mapping of typed values."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file '{p}' does not exist" if not p.exists() else f"config file '{p}' is not a file")
@@ -220,7 +251,7 @@ def load_file(path: str | Path) -> dict[str, Any]:
         if p.suffix == ".toml":
             data = tomllib.loads(text)
         elif p.suffix in (".yaml", ".yml"):
-            data = yaml.safe_load(text) or {}
+            data = yaml.load(text, Loader=_YamlLoader) or {}
         elif p.suffix == ".json":
             data = json.loads(text)
         else:
@@ -232,7 +263,7 @@ def load_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file '{p}' is not valid: {msg}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file '{p}' must hold a mapping of config keys")
-    return data
+    return FileLayer(data, p)
 
 
 def _kind(name: Any) -> ModelKind:
@@ -240,31 +271,55 @@ def _kind(name: Any) -> ModelKind:
     return KINDS.get(name, ModelKind("", "")) if isinstance(name, str) else ModelKind("", "")
 
 
+def derive(given: Mapping[str, Any]) -> dict[str, tuple[Any, str]]:
+    """The keys that follow from others where neither a layer nor the env's defaults set them, each with its
+    reason: {key: (value, why)}. `resolve` applies them and `sources` labels them from this one function."""
+    if given.get("critic") != "mappo":
+        return {}
+    out: dict[str, tuple[Any, str]] = {}
+    if "norm_value" not in given:
+        out["norm_value"] = (True, "critic mappo")
+    model = given.get("model", Config.model)
+    if ("mappo_values" not in given and _kind(model).world_values
+            and given.get("param_sharing", Config.param_sharing) != "per_role"):
+        # As fast or faster per pass and learns as well (docs/GUIDE.md, mappo_values).
+        out["mappo_values"] = ("per_world", f"critic mappo, model {model}")
+    return out
+
+
 def resolve(*layers: dict[str, Any] | None) -> Config:
-    """Merge override mappings (later wins) over the defaults, validating every key."""
+    """Merge override mappings (later wins) over the defaults, validating every key. A `FileLayer`'s values
+    must have their key's type; other layers' text is parsed (the command line's)."""
     merged: dict[str, Any] = {}
     env_opts: dict[str, Any] = {}
+    file_env_opts: list[tuple[dict[str, Any], Path]] = []
     for layer in layers:
+        path = layer.path if isinstance(layer, FileLayer) else None
         for key, value in (layer or {}).items():
             key = key.replace("-", "_")
             if key not in FIELDS:
                 raise ConfigError(f"unknown config key {key!r}; see `phalanx train --help` for the keys")
+            if path is not None:
+                value = coerce(value, _HINTS[key], f"config key '{key}' in '{path}'", parse_text=False)
             if key == "env_options":
                 env_opts.update(_coerce(key, value))
+                if path is not None:
+                    file_env_opts.append((value, path))
             else:
                 merged[key] = value
     env = merged.get("env", Config.env)
     if not isinstance(env, str):
         raise ConfigError(f"config key 'env' must be str, got {env!r}")
     spec = registry.check_name(env)
+    types = registry.option_types(env) if file_env_opts else {}
+    for opts, path in file_env_opts:  # typed where the env declares the type; the registry refuses unknown ones
+        for key, value in opts.items():
+            if key in types:
+                coerce(value, types[key], f"env option '{key}' of '{env}' in '{path}'", parse_text=False)
     base = dict(spec.train_defaults) if spec else {}
     env_opts = {**base.pop("env_options", {}), **env_opts}
     base.update(merged)
-    if "norm_value" not in base and base.get("critic") == "mappo":
-        base["norm_value"] = True
-    if ("mappo_values" not in base and base.get("critic") == "mappo" and _kind(base.get("model", Config.model)).world_values
-            and base.get("param_sharing", Config.param_sharing) != "per_role"):
-        base["mappo_values"] = "per_world"  # as fast or faster per pass and learns as well (docs/GUIDE.md, mappo_values)
+    base.update({key: value for key, (value, _) in derive(base).items()})
     values = {}
     for key, value in base.items():
         value = _coerce(key, value)
@@ -293,12 +348,13 @@ def resolve(*layers: dict[str, Any] | None) -> Config:
 
 def sources(cfg: Config, file_layer: dict[str, Any] | None = None, cli_layer: dict[str, Any] | None = None) -> dict[str, str]:
     """Where each key of a resolved config came from: 'command line', 'file', "env '<name>' defaults",
-    'derived' (norm_value follows critic mappo) or 'schema'. The layers are `resolve`'s: the file's,
-    then the command line's (keys with '-' or '_')."""
+    'derived (<why>)' (from `derive`, as `resolve` derived it) or 'schema'. The layers are `resolve`'s: the
+    file's, then the command line's (keys with '-' or '_')."""
     norm = lambda layer: {k.replace("-", "_") for k in (layer or {})}  # noqa: E731
     cli, file = norm(cli_layer), norm(file_layer)
     spec = registry.spec(cfg.env)
     env_defaults = set(spec.train_defaults) if spec else set()
+    derived = derive({key: getattr(cfg, key) for key in cli | file | env_defaults if key in FIELDS})
     out = {}
     for key in FIELDS:
         if key in cli:
@@ -307,8 +363,8 @@ def sources(cfg: Config, file_layer: dict[str, Any] | None = None, cli_layer: di
             out[key] = "file"
         elif key in env_defaults:
             out[key] = f"env '{cfg.env}' defaults"
-        elif key == "norm_value" and cfg.critic == "mappo":
-            out[key] = "derived (critic mappo)"
+        elif key in derived:
+            out[key] = f"derived ({derived[key][1]})"
         else:
             out[key] = "schema"
     return out

@@ -256,20 +256,50 @@ def _coerce_option(env: str, key: str, opt: EnvOption, value: Any) -> Any:
     return value
 
 
+_OPTION_TYPES = {t: t for t in (bool, int, float, str)} | {t.__name__: t for t in (bool, int, float, str)}
+
+
+def _factory_options(factory: Callable[..., VecEnv]) -> dict[str, inspect.Parameter]:
+    """The keyword options a factory's signature takes (not num_envs, device, seed)."""
+    return {k: p for k, p in inspect.signature(factory).parameters.items() if k not in ("num_envs", "device", "seed")
+            and p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)}
+
+
+def option_types(name: str) -> dict[str, type]:
+    """The type each option of env `name` takes, where known: a declared option's, its default's; a plugin
+    factory's, its parameter's annotation (bool, int, float or str, also as the text a postponed annotation
+    is) or else its default's. Options of other types, and those of prefix names (`gym:...`), are absent."""
+    s = spec(name)
+    if s is None:
+        return {}
+    if not s.free_options:
+        return {k: type(o.default) for k, o in s.options.items() if o.default is not None}
+    out = {}
+    for key, p in _factory_options(s.factory).items():
+        if p.annotation is not inspect.Parameter.empty:
+            want = _OPTION_TYPES.get(p.annotation) if isinstance(p.annotation, (type, str)) else None
+        else:
+            want = _OPTION_TYPES.get(type(p.default))
+        if want is not None:
+            out[key] = want
+    return out
+
+
 def resolve_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
-    """Validate and fill `options` against the env's declared options (a plugin factory's: its signature)."""
+    """Validate and fill `options` against the env's declared options (a plugin factory's: its signature,
+    typed by `option_types`)."""
     s = spec(name)
     if s is None:
         return dict(options)
     if s.free_options:
         params = inspect.signature(s.factory).parameters
         if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-            allowed = sorted(k for k, p in params.items() if k not in ("num_envs", "device", "seed")
-                             and p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD))
+            allowed = sorted(_factory_options(s.factory))
             for key in options:
                 if key not in allowed:
                     raise ConfigError(f"unknown env option '{key}' for '{name}'; allowed: {', '.join(allowed) or 'none'}")
-        return dict(options)
+        types = option_types(name)
+        return {k: coerce(v, types[k], f"env option '{k}' of '{name}'") if k in types else v for k, v in options.items()}
     out = {}
     for key, value in options.items():
         if key not in s.options:
