@@ -161,7 +161,7 @@ def test_eval_vs_table_for_a_team(tmp_path, capsys):
     assert short["learned"]["mean_length"] <= 3 and short["hero"]["mean_length"] <= 3
     assert table["hero"]["mean_length"] > 3
     assert main(["eval", str(run), "--episodes", "4", "--nosuch-option", "1"]) == 2
-    assert "unknown env option 'nosuch_option' for 'bucket_brigade'" in capsys.readouterr().err
+    assert "unknown option '--nosuch-option' (not an eval flag" in capsys.readouterr().err
 
 
 def test_print_config_names_the_layer_of_every_key(tmp_path, capsys, monkeypatch):

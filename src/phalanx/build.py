@@ -87,12 +87,13 @@ class Run:
     lock: runs.RunLock | None
 
 
-def build_run(cfg: Config, run_dir: Path | None, resume: bool, dist: Dist) -> Run:
+def build_run(cfg: Config, run_dir: Path | None, resume: bool, dist: Dist, overwrite: bool = False) -> Run:
     """Every part of a run of `cfg` in `run_dir` (None: `cfg.run_dir`, else a new name), in the order that refuses a
-    config before anything is left behind; whatever was built is released if a part refuses."""
+    config before anything is left behind; whatever was built is released if a part refuses. `overwrite`: an
+    earlier run's entries in `run_dir` are deleted once the run is built and holds the directory's lock."""
     parts: dict = {}
     try:
-        return _build(cfg, run_dir, resume, dist, parts)
+        return _build(cfg, run_dir, resume, dist, parts, overwrite)
     except BaseException:
         if parts.get("env") is not None:
             parts["env"].close()
@@ -101,7 +102,7 @@ def build_run(cfg: Config, run_dir: Path | None, resume: bool, dist: Dist) -> Ru
         raise
 
 
-def _build(cfg: Config, run_dir: Path | None, resume: bool, dist: Dist, parts: dict) -> Run:
+def _build(cfg: Config, run_dir: Path | None, resume: bool, dist: Dist, parts: dict, overwrite: bool) -> Run:
     device = dist.init(devices.resolve_device(cfg.device))
     main = dist.is_main
     announce = cfg.progress and main
@@ -113,8 +114,8 @@ def _build(cfg: Config, run_dir: Path | None, resume: bool, dist: Dist, parts: d
     run_dir = Path(run_dir or cfg.run_dir or runs.default_run_dir(cfg.env, stamp, tag))
     if main:  # before anything is built: a run that could never save is refused in a second
         runs.check_writable_dir(run_dir)
-    if not resume and ckpt.list_checkpoints(run_dir):
-        raise ConfigError(f"run directory '{run_dir}' already holds a run; use --resume {run_dir} or another --run-dir")
+    if not resume:
+        runs.check_fresh_run_dir(run_dir, bool(ckpt.list_checkpoints(run_dir)), overwrite)
     if dist.enabled and cfg.opponents:
         raise ConfigError("config key 'opponents' (the self-play league) is not supported with torchrun yet; train it in one process")
     env_seed = cfg.seed + 1_000_033 * dist.rank
@@ -207,6 +208,8 @@ def _build(cfg: Config, run_dir: Path | None, resume: bool, dist: Dist, parts: d
             runs.check_run_dir(run_dir)
             lock = parts["lock"] = runs.RunLock(run_dir)
             lock.acquire()
+            if overwrite:
+                runs.clear_run_dir(run_dir)
     dist.barrier()
     return Run(cfg=cfg, dist=dist, device=device, main=main, run_dir=run_dir, resume=resume, env_seed=env_seed, env=env,
                N=N, A=A, model=model, threads=threads, most_envs=fits, params=params, lr=cfg.lr, optimizer=optimizer, hp=hp,

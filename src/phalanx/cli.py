@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
 from phalanx import checkpoint as ckpt
@@ -32,6 +35,11 @@ from phalanx.trainer import train
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # An abbreviated flag (--torch-thread) would be taken for a flag, or for an env option of the same
+        # beginning: a flag is spelled out, and one that is not is reported as unknown.
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+
     def error(self, message: str) -> None:  # one line, exit 2, no usage dump
         print(f"phalanx: error: {message}", file=sys.stderr)
         raise SystemExit(2)
@@ -45,6 +53,8 @@ def _train_parser(sub: Any, env: str | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument("--config", help="YAML or TOML file of config keys")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its last checkpoint")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start afresh in a --run-dir that holds an earlier run: its files are deleted (yours are kept)")
     p.add_argument("--print-config", action="store_true",
                    help="print the resolved config, each key with the layer it came from, and exit")
     defaults = {}
@@ -85,7 +95,20 @@ def _parse_env_options(extra: list[str]) -> dict[str, str]:
     return opts
 
 
-def typed_env_options(env_name: str, env_opts: dict[str, str]) -> dict[str, Any]:
+def refuse_unknown_options(env_name: str, env_opts: dict[str, Any], not_what: str) -> None:
+    """An option that is neither the command's own flag (`not_what`) nor one the env declares, named as the
+    unknown flag it is, with both lists to choose from."""
+    s = registry.check_name(env_name)
+    if s is None or s.free_options:
+        return
+    for k in env_opts:
+        if k not in s.options:
+            allowed = ", ".join(sorted(s.options)) or "none"
+            raise PhalanxError(f"unknown option '--{k.replace('_', '-')}' (not {not_what}; env options of '{env_name}': "
+                               f"{allowed})")
+
+
+def typed_env_options(env_name: str, env_opts: dict[str, str], not_what: str = "a config key") -> dict[str, Any]:
     """Env options from the command line: declared ones, and a plugin factory's that its signature types
     (`registry.option_types`), as they are (the registry coerces them); the other keyword arguments of gym /
     pz constructors and plugin factories typed as YAML reads them (25 -> int), which the factory's
@@ -94,16 +117,15 @@ def typed_env_options(env_name: str, env_opts: dict[str, str]) -> dict[str, Any]
     if s is None or s.free_options:
         typed = registry.option_types(env_name)
         return {k: v if k in typed else yaml.safe_load(v) for k, v in env_opts.items()}
-    for k in env_opts:
-        if k not in s.options:
-            allowed = ", ".join(sorted(s.options)) or "none"
-            raise PhalanxError(f"unknown option '--{k.replace('_', '-')}' (not a config key; env options of '{env_name}': {allowed})")
+    refuse_unknown_options(env_name, env_opts, not_what)
     return env_opts
 
 
 def cmd_check_env(args: argparse.Namespace, extra: list[str]) -> int:
     _at_least_one("check-env", num_envs=args.num_envs, steps=args.steps)
-    options = registry.resolve_options(args.env, typed_env_options(args.env, _parse_env_options(extra))) if extra else {}
+    _apply_compute_flags("check-env", args)
+    given = typed_env_options(args.env, _parse_env_options(extra), "a check-env flag")
+    options = registry.resolve_options(args.env, given) if given else {}
     env = make(args.env, num_envs=args.num_envs, device=devices.resolve_device(args.device), seed=args.seed, **options)
     try:
         check_env(env, steps=args.steps, seed=args.seed)
@@ -136,10 +158,10 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     if args.print_config:
         return print_config(layers, overrides)
     if int(os.environ.get("RANK", "0")) != 0:  # torchrun: rank 0 reports
-        train(layers or None, resume=args.resume, **overrides)
+        train(layers or None, resume=args.resume, overwrite=args.overwrite, **overrides)
         return 0
     with ClosingPlot() as closing_plot:
-        result = train(layers or None, resume=args.resume, **overrides)
+        result = train(layers or None, resume=args.resume, overwrite=args.overwrite, **overrides)
         m = result.metrics
         print(f"run directory:  {result.run_dir}")
         print(f"tensorboard:    tensorboard --logdir {result.run_dir / 'tb'}")
@@ -180,10 +202,13 @@ def _at_least_one(command: str, **counts: int) -> None:
 
 def cmd_eval(args: argparse.Namespace, extra: list[str] | None = None) -> int:
     _at_least_one("eval", episodes=args.episodes)
+    _apply_compute_flags("eval", args)
     policy = load(args.run_dir, device=args.device)
     cfg = policy.config
     # Env options given here (e.g. --approach-weight 0: the reward without a training-only term) override the run's.
-    overrides = registry.resolve_options(cfg.env, _parse_env_options(extra or []))
+    given = _parse_env_options(extra or [])
+    refuse_unknown_options(cfg.env, given, "an eval flag (`phalanx eval --help`)")
+    overrides = registry.resolve_options(cfg.env, given)
     if overrides:
         cfg = dataclasses.replace(cfg, env_options={**cfg.env_options, **overrides})
     common = dict(env_options=cfg.env_options, episodes=args.episodes, seed=args.seed, device=policy.device)
@@ -438,42 +463,43 @@ def _env_before_help(argv: list[str]) -> str | None:
     return None
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    devices.tune_host_allocator()
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The `phalanx` parser; `argv` only for `train --env X --help`, whose help shows X's own defaults."""
     parser = _Parser(prog="phalanx", description="Phalanx: on-device PPO for single- and multi-agent environments.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    argv = list(sys.argv[1:] if argv is None else argv)
-    _train_parser(sub, _env_before_help(argv))
-    pr = sub.add_parser("resume", help="continue a stopped run (same as train --resume)")
-    pr.add_argument("run_dir")
+    _train_parser(sub, _env_before_help(list(argv)))
+    pr = sub.add_parser("resume", help="continue a stopped run (same as train --resume RUN_DIR)",
+                        description="Continue a stopped run from its last checkpoint: `phalanx resume RUN_DIR [--key value ...]` "
+                                    "is `phalanx train --resume RUN_DIR [--key value ...]` (a larger --total-steps trains longer).")
+    pr.add_argument("run_dir", help="the run directory to continue")
     pe = sub.add_parser("eval", help="evaluate a run's policy",
                         epilog="Env options (see `phalanx envs`) given as --option value override the run's for this evaluation.")
-    pe.add_argument("run_dir")
-    pe.add_argument("--episodes", type=int, default=20)
+    pe.add_argument("run_dir", help="the run directory whose latest checkpoint is evaluated")
+    pe.add_argument("--episodes", type=int, default=20, help="episodes to play (each mode, each opponent) [20]")
     mode = pe.add_mutually_exclusive_group()
     mode.add_argument("--greedy", action="store_true", default=True, help="act greedily (default)")
     mode.add_argument("--sample", action="store_true", help="sample actions from the policy")
     pe.add_argument("--json", action="store_true", help="print one JSON object")
-    pe.add_argument("--seed", type=int, default=12345)
+    pe.add_argument("--seed", type=int, default=12345, help="seed of the evaluation envs and the sampled actions [12345]")
     pe.add_argument("--vs", metavar="NAMES", help="comma list of scripted teams (see `phalanx envs`) and/or random to compare against; "
                     "for a league run, opponents for head-to-head matches: scripted names, random, snapshot:LATEST, snapshot:NAME")
-    pe.add_argument("--device", default="cpu")
+    _compute_flags(pe)
     pe.add_argument("--record", metavar="FILE", help="also write one episode as an animation (.gif, or .mp4 with imageio-ffmpeg)")
     pl = sub.add_parser("league", help="print a self-play run's rating table")
-    pl.add_argument("run_dir")
+    pl.add_argument("run_dir", help="a run trained with --opponents")
     pl.add_argument("--json", action="store_true", help="print one JSON object")
     pp = sub.add_parser("plot", help="write a PNG of return and losses against steps (several runs: one line each)")
-    pp.add_argument("run_dir", nargs="+")
+    pp.add_argument("run_dir", nargs="+", help="one or more run directories")
     pp.add_argument("--out", help="output PNG (default RUN_DIR/plots/learning_curve.png; several runs: ./learning_curves.png)")
     pn = sub.add_parser("envs", help="list environments, spaces and options")
-    pn.add_argument("--json", action="store_true")
+    pn.add_argument("--json", action="store_true", help="print JSON instead of the list")
     pc = sub.add_parser("check-env", help="check an env against the env contract (docs/ENVIRONMENTS.md)",
                         epilog="Env options are passed as --option value. Exit status 2 and one line at the first broken rule.")
     pc.add_argument("env", help="a registered name, gym:<id>, pz:<module>:<fn> or package.module:factory")
-    pc.add_argument("--num-envs", type=int, default=4)
+    pc.add_argument("--num-envs", type=int, default=4, help="envs stepped together [4]")
     pc.add_argument("--steps", type=int, default=64, help="random steps of the full check [64]")
-    pc.add_argument("--seed", type=int, default=7)
-    pc.add_argument("--device", default="cpu")
+    pc.add_argument("--seed", type=int, default=7, help="seed of the envs and the random actions [7]")
+    _compute_flags(pc)
     ps = sub.add_parser("sweep", help="train configurations x seeds in parallel processes (or on Ray); resumable",
                         epilog="The spec: see `phalanx.sweep` (base, grid | random | optuna, trials, seeds, metric). "
                                "Run it again with the same --dir to resume: finished runs are kept.")
@@ -489,10 +515,50 @@ def main(argv: Sequence[str] | None = None) -> int:
     pm.add_argument("--out", default=None, help="where compare.md, compare.json and curves.png go [SWEEP/compare for one sweep or folder; "
                     "else a compare folder beside the runs]")
     pm.add_argument("--json", action="store_true", help="print the JSON instead of the table")
-    plugins = plugin_commands()
-    for name, ep in plugins.items():
+    for name, ep in plugin_commands().items():
         sub.add_parser(name, help=f"from {ep.value.split(':')[0]} (see `phalanx {name} --help`)", add_help=False)
+    return parser
 
+
+def _compute_flags(p: argparse.ArgumentParser) -> None:
+    """--device and --torch-threads, as `train` takes them, for every command that runs a model or an env."""
+    p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:N, mps or auto [cpu]")
+    p.add_argument("--torch-threads", type=int, default=0, metavar="N",
+                   help="torch CPU threads (0: torch's default) [0]")
+
+
+def _apply_compute_flags(command: str, args: argparse.Namespace) -> None:
+    if args.torch_threads < 0:
+        raise ConfigError(f"{command} --torch-threads must be >= 0 (0: torch's default), got {args.torch_threads}")
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+
+
+def _quiet_closed_pipe() -> int:
+    """The reader of our output left (`phalanx envs | head -3`): no error, as git and ls end; what is still
+    buffered goes nowhere, so the interpreter's last flush cannot fail either."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    return 128 + signal.SIGPIPE
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        code = _run_command(list(sys.argv[1:] if argv is None else argv))
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        return _quiet_closed_pipe()
+
+
+def _run_command(argv: list[str]) -> int:
+    devices.tune_host_allocator()
+    if argv[:1] == ["resume"] and len(argv) > 1 and not argv[1].startswith("-"):
+        # One way to resume: `resume RUN ...` is `train --resume RUN ...`, flags and all.
+        argv = ["train", "--resume", argv[1], *argv[2:]]
+    parser = build_parser(argv)
+    plugins = plugin_commands()
     if argv[:1] and argv[0] in plugins:
         # A plugin command has its own parser; hand it everything after the word.
         try:
@@ -506,9 +572,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         if args.command == "train":
             return cmd_train(args, extra)
-        if args.command == "resume":
-            ns = argparse.Namespace(resume=args.run_dir, config=None, print_config=False)
-            return cmd_train(ns, [])
         if args.command == "eval":
             return cmd_eval(args, extra)
         if args.command == "league":
@@ -526,6 +589,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PhalanxError as e:
         print(f"phalanx: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        raise
     except OSError as e:  # a path the command was given or writes to: one line, not a traceback
         where = f"'{e.filename}': " if e.filename else ""
         print(f"phalanx: error: {where}{storage_reason(e)}", file=sys.stderr)

@@ -107,7 +107,8 @@ def group_runs(run_dirs: list[Path], metric: str) -> list[Group]:
             g.seeds.append(int(cfg.get("seed", 0)))
     groups = [g for g in keyed.values() if g.scores]
     if not groups:
-        raise PhalanxError(f"no finished run has '{metric}' (eval.json for eval_*, else metrics.jsonl)")
+        raise PhalanxError(f"no finished run has '{metric}' (eval.json for eval_*, else metrics.jsonl); "
+                           + metrics_on_offer(run_dirs))
     differing = sorted(k for k in set().union(*(g.config for g in groups))
                        if len({json.dumps(g.config.get(k)) for g in groups}) > 1)
     for g in groups:
@@ -115,16 +116,48 @@ def group_runs(run_dirs: list[Path], metric: str) -> list[Group]:
     return groups
 
 
+def metrics_on_offer(run_dirs: list[Path]) -> str:
+    """What the runs do have to compare on, for the line that says what they lack (runs trained with
+    --eval-episodes 0 have no eval.json, but every run has its metrics rows)."""
+    have: dict[str, None] = {}
+    for d in run_dirs:
+        ev = d / "eval.json"
+        if ev.is_file():
+            have.update((f"eval_{k}", None) for k, v in json.loads(ev.read_text()).items() if isinstance(v, (int, float)))
+        rows = runs.read_metrics(d)
+        if rows:
+            have.update((k, None) for k, v in rows[-1].items() if isinstance(v, (int, float)) and k not in ("step", "update"))
+    if not have:
+        return "the runs have no metrics yet"
+    best = next((k for k in ("eval_mean_return", "episode_return", "team_return") if k in have), next(iter(have)))
+    return f"they have {', '.join(list(have)[:8])}{', ...' if len(have) > 8 else ''}: e.g. --metric {best}"
+
+
+def duplicate_seeds(group: Group) -> dict[int, list[Path]]:
+    """Seeds that more than one run of a group trained with: one experiment counted twice, which narrows the
+    interval without new evidence."""
+    by_seed: dict[int, list[Path]] = {}
+    for seed, run in zip(group.seeds, group.runs):
+        by_seed.setdefault(seed, []).append(run)
+    return {seed: found for seed, found in by_seed.items() if len(found) > 1}
+
+
 # -- outputs ---------------------------------------------------------------------------------------
 def compare_table(groups: list[Group], metric: str) -> tuple[str, list[dict[str, Any]]]:
     rows = [{"config": g.label, "seeds": g.seeds, **summarise(g.scores), "scores": g.scores,
-             "runs_dirs": [str(r) for r in g.runs]} for g in groups]
+             "runs_dirs": [str(r) for r in g.runs],
+             "duplicate_seeds": {str(k): [str(r) for r in v] for k, v in duplicate_seeds(g).items()}} for g in groups]
     lines = [f"{metric} over seeds; 95% stratified-bootstrap confidence intervals (2000 resamples)", "",
              "| config | seeds | mean | 95% CI | IQM | 95% CI | min | max |", "|---|---|--:|---|--:|---|--:|--:|"]
     for r in rows:
         lines.append(f"| {r['config']} | {','.join(map(str, r['seeds']))} | {r['mean']:.2f} | [{r['mean_ci'][0]:.2f}, "
                      f"{r['mean_ci'][1]:.2f}] | {r['iqm']:.2f} | [{r['iqm_ci'][0]:.2f}, {r['iqm_ci'][1]:.2f}] | "
                      f"{r['min']:.2f} | {r['max']:.2f} |")
+    dupes = [(r["config"], seed, found) for r in rows for seed, found in r["duplicate_seeds"].items()]
+    if dupes:
+        lines.append("")
+        lines += [f"duplicates: {config} has seed {seed} in {len(found)} runs ({', '.join(found)}); each is counted, "
+                  f"so its interval is narrower than its evidence" for config, seed, found in dupes]
     return "\n".join(lines) + "\n", rows
 
 

@@ -21,7 +21,8 @@ def kept(run_dir: Path) -> str:
     """What a run that ends on a fault leaves to resume from, as the end of its one line."""
     last = ckpt.list_checkpoints(run_dir)
     if not last:
-        return f"no checkpoint was written yet (run directory '{run_dir}')"
+        return (f"no checkpoint was written yet, so there is nothing to resume; start again with --run-dir {run_dir} "
+                f"--overwrite, or another --run-dir")
     return (f"last checkpoint: step {int(last[-1].name.removeprefix('step_')):,}; resume with "
             f"`phalanx train --resume {run_dir}`")
 

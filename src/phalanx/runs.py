@@ -8,6 +8,7 @@ import json
 import os
 import platform
 import secrets
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -23,7 +24,7 @@ from safetensors import SafetensorError
 
 from phalanx.config import Config, resolve
 from phalanx.envs import registry
-from phalanx.errors import CheckpointError, PhalanxError, StorageError, storage_reason
+from phalanx.errors import CheckpointError, ConfigError, PhalanxError, StorageError, storage_reason
 from phalanx.version import __version__
 
 
@@ -218,6 +219,42 @@ def write_metric_csvs(run_dir: Path) -> None:
 
 RUN_ENTRIES = ("checkpoints", "league", "tb", "plots", "metrics.jsonl", "config.json", "manifest.json", "eval.json",
                "reward_breakdown.csv", "behavior_metrics.csv", ".lock")
+# What a run leaves only when it ends on a fault, or with W&B on.
+FAULT_ENTRIES = ("env_crash.txt", "nonfinite_update_*", "wandb", "wandb_id")
+
+
+def run_entries(run_dir: Path) -> list[Path]:
+    """The entries of an earlier run in `run_dir` (none of the user's own files, nor the lock a run holds)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return []
+    found = [run_dir / n for n in RUN_ENTRIES if n != ".lock" and (run_dir / n).exists()]
+    return found + sorted(p for pattern in FAULT_ENTRIES for p in run_dir.glob(pattern))
+
+
+def check_fresh_run_dir(run_dir: Path, has_checkpoint: bool, overwrite: bool) -> None:
+    """A new run never shares a directory with an earlier one: its metrics would follow the old rows, its
+    events sit beside the old ones, its config replace theirs. Refused in one line unless `overwrite`."""
+    if overwrite:
+        return
+    if has_checkpoint:
+        raise ConfigError(f"run directory '{run_dir}' already holds a run; use --resume {run_dir} to continue it, "
+                          f"another --run-dir, or --overwrite to start it afresh")
+    old = run_entries(run_dir)
+    if old:
+        raise ConfigError(f"run directory '{run_dir}' holds an earlier run with no checkpoint "
+                          f"({', '.join(p.name for p in old)}): it cannot be resumed; name a new --run-dir, or "
+                          f"--overwrite to delete them and start afresh")
+
+
+def clear_run_dir(run_dir: Path) -> None:
+    """--overwrite: an earlier run's entries removed (the caller holds the run lock), the user's files kept."""
+    for path in run_entries(run_dir):
+        with writing("run directory", path):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
 
 
 def check_run_dir(run_dir: Path) -> None:

@@ -49,10 +49,10 @@ class RunResult:
 class Trainer(Run):
     """One training run: its parts (`Run`, built from the config by `build_run`) and the loop over them."""
 
-    def __init__(self, cfg: Config, run_dir: Path | None = None, resume: bool = False):
+    def __init__(self, cfg: Config, run_dir: Path | None = None, resume: bool = False, overwrite: bool = False):
         dist = Dist()
         try:
-            super().__init__(**vars(build_run(cfg, run_dir, resume, dist)))
+            super().__init__(**vars(build_run(cfg, run_dir, resume, dist, overwrite)))
         except BaseException:
             dist.close()
             raise
@@ -146,9 +146,8 @@ class Trainer(Run):
         except StorageError as e:
             raise StorageError(f"{e}; {faults.kept(self.run_dir)}") from None
         except KeyboardInterrupt:  # a second Ctrl-C: the update in flight is abandoned
-            raise Stopped(f"interrupted during update {self.update_idx + 1}; the last checkpoint (step "
-                          f"{self._last_ckpt_step:,}) is in '{self.run_dir}'; resume with "
-                          f"`phalanx train --resume {self.run_dir}`", signal.SIGINT) from None
+            raise Stopped(f"interrupted during update {self.update_idx + 1}; {faults.kept(self.run_dir)}",
+                          signal.SIGINT) from None
         finally:
             progress.close()
             if self.log is not None:
@@ -199,8 +198,8 @@ class Trainer(Run):
         if stop.signum is not None:
             progress.close()
             raise Stopped(f"stopped by {signal.Signals(stop.signum).name} at step {self.global_step:,} of "
-                          f"{cfg.total_steps:,}; checkpoint saved in '{self.run_dir}'; resume with "
-                          f"`phalanx train --resume {self.run_dir}`", stop.signum)
+                          f"{self.num_updates * self.steps_per_update:,}; checkpoint saved in '{self.run_dir}'; "
+                          f"resume with `phalanx train --resume {self.run_dir}`", stop.signum)
         return last_row
 
     def recent_return(self) -> float | None:
@@ -262,11 +261,13 @@ class Trainer(Run):
         self.dist.close()
 
 
-def train(config: Config | str | Path | dict | None = None, *, resume: str | Path | None = None, max_updates: int | None = None, **overrides: Any) -> RunResult:
+def train(config: Config | str | Path | dict | None = None, *, resume: str | Path | None = None, overwrite: bool = False,
+          max_updates: int | None = None, **overrides: Any) -> RunResult:
     """Train a policy. `config` is a Config, a YAML/TOML file or a mapping; keywords override keys.
 
     `resume=RUN_DIR` continues a stopped run from its last checkpoint; `config` and keywords may change only
-    the keys of RESUME_MUTABLE, and total_steps only upwards.
+    the keys of RESUME_MUTABLE, and total_steps only upwards. A new run refuses a run directory that holds an
+    earlier run's files; `overwrite=True` deletes them (the user's own files stay) and starts afresh.
     """
     layers: list[dict[str, Any]] = []
     if isinstance(config, Config):
@@ -277,6 +278,8 @@ def train(config: Config | str | Path | dict | None = None, *, resume: str | Pat
         layers.append(config)
     layers.append(overrides)
     if resume is not None:
+        if overwrite:
+            raise ConfigError("--overwrite starts a run afresh and --resume continues one: give only one")
         run_dir = Path(resume)
         saved = runs.load_run_config(run_dir).to_dict()
         cfg = resolve(saved, *layers)
@@ -289,6 +292,11 @@ def train(config: Config | str | Path | dict | None = None, *, resume: str | Pat
         trainer = Trainer(cfg, run_dir=run_dir, resume=True)
         try:
             trainer.restore(ckpt.latest_checkpoint(run_dir))
+            if trainer.global_step >= cfg.total_steps:  # nothing to run: the metrics, events and eval stay as they are
+                if trainer.main:
+                    print(f"run '{run_dir}' is complete: step {trainer.global_step:,} of total_steps {cfg.total_steps:,}; "
+                          f"nothing to resume (give a larger --total-steps to train it longer)", file=sys.stderr, flush=True)
+                return RunResult(run_dir, {}, trainer.policy(), cfg, [])
             if trainer.main:
                 runs.truncate_metrics(run_dir, trainer.global_step)
                 ckpt.write_json_atomic(run_dir / "config.json", cfg.to_dict())
@@ -296,7 +304,7 @@ def train(config: Config | str | Path | dict | None = None, *, resume: str | Pat
         finally:
             trainer.close()
     cfg = resolve(*layers)
-    trainer = Trainer(cfg)
+    trainer = Trainer(cfg, overwrite=overwrite)
     try:
         if trainer.main:
             ckpt.write_json_atomic(trainer.run_dir / "config.json", {**cfg.to_dict(), "run_dir": str(trainer.run_dir)})

@@ -159,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rollout length per env (num_steps) [32; suite and profile: the workload's own]")
     p.add_argument("--seconds", type=_positive(float), default=2.5,
                    help="time budget of each measurement, after one warm-up iteration [2.5]")
-    p.add_argument("--threads", type=_positive(int), default=None, help="torch CPU threads [torch's default]")
+    p.add_argument("--threads", "--torch-threads", type=_positive(int), default=None, help="torch CPU threads [torch's default]")
     p.add_argument("--device", default="cpu", help="torch device for phalanx and the reference [cpu]")
     p.add_argument("--compile", action="store_true",
                    help="cartpole: also measure the trainer with --compile (the update step as one graph); the "
