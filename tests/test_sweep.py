@@ -159,3 +159,31 @@ def test_the_same_sweep_runs_on_a_local_ray_instance(tmp_path):
     finally:
         subprocess.run([ray_cli, "stop", "--force"], capture_output=True, timeout=120, env=env)
         shutil.rmtree(temp, ignore_errors=True)
+
+
+def test_a_sweep_spec_with_a_quoted_number_is_refused_before_any_trial_runs(tmp_path, capsys):
+    """The trials read their keys from files, which must hold typed values: a spec whose base has `num_envs: "8"`
+    passed the sweep's own check and then failed in every trial's log."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text('base: {env: cartpole, num_envs: "8"}\nseeds: [1]\n')
+    assert main(["sweep", str(spec), "--dir", str(tmp_path / "s")]) == 2
+    err = capsys.readouterr().err
+    assert "config key 'num_envs'" in err and "must be int" in err, err
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_trial_that_failed_before_its_first_checkpoint_runs_again_afresh(tmp_path):
+    """A failed trial's run directory holds its metrics but no checkpoint; the retry starts it afresh (a new
+    run refuses a directory holding an earlier run's files unless told to overwrite)."""
+    spec = check_spec({"base": {"env": "cartpole", "total_steps": 128, "num_envs": 4, "num_steps": 16,
+                                "eval_episodes": 0, "tensorboard": False, "torch_threads": 1}, "seeds": [1]})
+    sweep = open_sweep(tmp_path / "s", spec)
+    run = sweep.run_dir(sweep.trials[0])
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"step": 64}\n')
+    (run / "env_crash.txt").write_text("Traceback\n")
+    sweep.trials[0].status = "failed"
+    sweep.save()
+    assert main(["sweep", "--dir", str(tmp_path / "s"), "--workers", "1"]) == 0
+    assert [r["step"] for r in read_metrics(run)] == [64, 128]
+    assert not (run / "env_crash.txt").exists()

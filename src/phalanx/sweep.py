@@ -37,7 +37,7 @@ import yaml
 
 from phalanx import checkpoint as ckpt
 from phalanx import runs
-from phalanx.config import FIELDS, load_file, resolve
+from phalanx.config import FIELDS, FileLayer, load_file, resolve
 from phalanx.errors import ConfigError
 
 SWEEP_FILE = "sweep.json"
@@ -180,10 +180,15 @@ def trial_command(sweep: Sweep, t: Trial, workers: int) -> list[str]:
     run = sweep.run_dir(t)
     if ckpt.list_checkpoints(run):
         return [sys.executable, "-m", "phalanx", "train", "--resume", str(run)]
-    cfg_file = sweep.directory / "configs" / f"{t.name}.yaml"
+    cfg_file = trial_config_file(sweep, t)
     cfg_file.parent.mkdir(parents=True, exist_ok=True)
     cfg_file.write_text(yaml.safe_dump(trial_config(sweep.spec, t, workers), sort_keys=True))
-    return [sys.executable, "-m", "phalanx", "train", "--config", str(cfg_file), "--run-dir", str(run)]
+    # A trial that failed before its first checkpoint starts again afresh in its own directory.
+    return [sys.executable, "-m", "phalanx", "train", "--config", str(cfg_file), "--run-dir", str(run), "--overwrite"]
+
+
+def trial_config_file(sweep: Sweep, t: Trial) -> Path:
+    return sweep.directory / "configs" / f"{t.name}.yaml"
 
 
 def run_result(run: Path, metric: str) -> float | None:
@@ -277,8 +282,8 @@ def open_sweep(directory: Path, spec: dict[str, Any] | None) -> Sweep:
     sweep = Sweep(directory, spec)
     if not spec.get("optuna"):
         sweep.trials = make_trials(spec, random_values(spec) if spec.get("random") else grid_values(spec))
-    for t in sweep.trials:  # every trial's config must resolve before anything runs
-        resolve(trial_config(spec, t, 1))
+    for t in sweep.trials:  # every trial's config must resolve before anything runs, as the file its run reads
+        resolve(FileLayer(trial_config(spec, t, 1), trial_config_file(sweep, t)))
     directory.mkdir(parents=True, exist_ok=True)
     sweep.save()
     return sweep
