@@ -90,7 +90,7 @@ class Rollout:
         self._captured: Callable | None = None
         # How `collect` runs a step, chosen once: eagerly, captured (`capture`) or as a CUDA graph (`use_cuda_graphs`).
         self._drive: Callable[[int, torch.Tensor, dict[str, torch.Tensor]], torch.Tensor] = self._eager_step
-        self._finals_after_step = False  # a captured CPU step leaves the memory critic's V(final_obs) to `_collect`
+        self._finals_after_step = False  # a captured CPU step leaves V(final_obs) to `_compiled_step`
         self._planned = False
         self._graphed = False
         self._graph: torch.cuda.CUDAGraph | None = None
@@ -117,16 +117,14 @@ class Rollout:
         if not self.capturable:
             raise ValueError("this rollout step cannot be captured whole (see Rollout.capturable)")
         self.static_step()
-        if self.device.type == "cpu" and self.model.memory_critic:
-            # ... except on the CPU, where reading which slots were truncated is free: a memory critic's
-            # V(final_obs) reads that step's memory, so it runs after each captured step, over the truncated
-            # envs only (in the step, over every env, it was a second transformer forward a step on trial_nav).
+        if self.device.type == "cpu":
+            # ... except on the CPU, where reading which slots were truncated is free: V(final_obs) runs after
+            # each captured step, over the envs truncated at it, as the eager step calls the critic. The same
+            # rows per call give the same bits (the CPU's matrix products round by row count: valuing every
+            # step's truncated rows in one call after the loop put bootstraps 1e-6 from eager's). In the step,
+            # over every env, it was a second transformer forward a step on trial_nav and a fifth of a
+            # compiled 4096-env cartpole collect.
             self.final_values_whole_batch, self._finals_after_step = False, True
-        elif self.device.type == "cpu" and not self.model.obs_is_image:
-            # ... and for a memory-less critic, after the loop: the captured step keeps each final observation
-            # as the critic would read it, and `_collect` values the truncated ones (a fifth of a compiled
-            # 4096-env cartpole collect went to the whole-batch critic: 84 -> 68 ms without it).
-            self._keep_final_inputs()
         self._t_index = [torch.tensor([t], device=self.device) for t in range(self.cfg.num_steps)]
         self._captured = torch.compile(self._step, fullgraph=True, dynamic=False, backend=backend)
         self._planned = False
@@ -156,15 +154,6 @@ class Rollout:
         self.host_branches = False
         if self.league is not None:
             self.league.select_rows = False
-
-    def _keep_final_inputs(self) -> None:
-        """Buffers for the critic's inputs of every step's final observation (flat features; MAPPO's state)."""
-        shapes = {"final_obs": self.buf["obs"]}
-        if "states" in self.buf:
-            shapes["final_states"] = self.buf["states"]
-        for name, like in shapes.items():
-            self.buf[name] = torch.zeros_like(like)
-            self._rows[name] = self.buf[name].unbind(0)
 
     # -- observations and values -----------------------------------------------------------------
     def obs_in(self, obs: torch.Tensor, update: bool = False, mask: torch.Tensor | None = None,
@@ -264,24 +253,9 @@ class Rollout:
         # forward: the same input, so the same value as a critic call after the env step, one call fewer a
         # step. After the last step one more call values what follows it.
         nv = b["next_values"]
-        if "final_obs" in b:
-            self._value_kept_finals()
         nv[-1] = torch.where(b["truncated"][-1], nv[-1], self.value(obs_n, None if model.memory_critic else self.record.state))
         nv[:-1] = torch.where(b["truncated"][:-1], nv[:-1], b["values"][1:])
         return stats
-
-    def _value_kept_finals(self) -> None:
-        """V(final_obs) into `next_values` where a slot was truncated, from the kept inputs (a captured
-        step's; read on the host, which is free on the CPU): one critic call over the truncated envs' rows."""
-        b = self.buf
-        trunc = b["truncated"]
-        rows = trunc.any(-1)
-        if not _read(rows.any()):
-            return
-        t, n = rows.nonzero().unbind(1)
-        state = b["final_states"][t, n] if "final_states" in b else None
-        final = self.value(b["final_obs"][t, n], state)
-        b["next_values"][t, n] = torch.where(trunc[t, n], final, b["next_values"][t, n])
 
     def _draw_contexts(self, mode: str, queues: list[list[torch.Tensor]] | None = None) -> contextlib.ExitStack:
         """The policy's and the env's draws in one mode: 'recording', 'ahead' or 'replaying' (from `queues`)."""
@@ -416,16 +390,10 @@ class Rollout:
         reward = rec.reward
         # A quiet record's flags are all false (StepRecord.quiet): nothing ended, nothing was truncated.
         done = rec.terminated if rec.quiet else rec.terminated | rec.truncated
-        if model.memory_critic:
-            # What follows is valued by the next step's act_step (same memory, no reset where the episode
-            # goes on), after the last step by one call after the loop: those entries are filled in there.
-            if not self._finals_after_step:
-                self._write("next_values", t, self.final_values(rec, self._no_value))
-        elif "final_obs" in self.buf:  # valued after the loop where truncated (see _keep_final_inputs)
-            self._write("final_obs", t, self.obs_in(rec.final_obs))
-            if "final_states" in self.buf:  # MAPPO's critic input (an env may have a state IPPO does not read)
-                self._write("final_states", t, rec.final_state.reshape(self.N, -1))
-        elif not rec.quiet:  # filled in after the loop where not truncated (see _collect), so always when quiet
+        # The bootstrap where truncated; the rest is filled in after the loop (see _collect): by the next step's
+        # forward (a memory critic's act_step: same memory, no reset where the episode goes on) or one more
+        # call, so always when quiet. A captured CPU step leaves it to `_compiled_step`.
+        if not (rec.quiet or self._finals_after_step):
             self._write("next_values", t, self.final_values(rec, self._no_value))
         self.prev_done = done
         if self.frame_stack:
