@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import torch
 
-from phalanx.algo.adam import AdamState, adam_update, check_adam
+from phalanx.algo.adam import AdamState, adam_update, check_adam, moments
 from phalanx.consts import constant
 
 
@@ -233,6 +233,9 @@ def minibatch_step(
     a minibatch -> (log-prob, entropy, value). Returns the losses' metrics, the unclipped gradient norm
     and `nonfinite` (1 if the loss was not finite)."""
     check_adam(optimizer)
+    # Adam's state exists before the first step, so a compiled step's first call sees it as every later one
+    # does (created inside that call, the step was compiled again at the second).
+    moments(optimizer)
     params = optimizer.param_groups[0]["params"]
 
     def step(batch: PPOBatch, rows: torch.Tensor) -> dict[str, torch.Tensor]:
