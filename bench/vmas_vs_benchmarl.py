@@ -1,11 +1,12 @@
 """Phalanx MAPPO against BenchMARL MAPPO on VMAS tasks: same task settings, frames, seeds and machine.
 
-    pip install -e '.[benchmarl]'
+    pip install -e '.[benchmarl]' && pip install --no-deps benchmarl==1.5.2    # torch left as it is
     python bench/vmas_vs_benchmarl.py --tasks navigation,balance --seeds 1,2 --frames 360000
     python bench/vmas_vs_benchmarl.py --device cuda --frames 10020000        # BenchMARL's 10M (167 batches)
 
 Every (library, task, seed) trains in its own process, one after the other, with the same torch thread
-count. BenchMARL runs its tuned VMAS MAPPO (600 worlds x 100 steps a batch, MLP 256x256 tanh, lr 5e-5,
+count (`--threads`, for both: Phalanx's torch_threads is set from it; each result records the threads its
+library ran with). BenchMARL runs its tuned VMAS MAPPO (600 worlds x 100 steps a batch, MLP 256x256 tanh, lr 5e-5,
 gamma 0.9, lambda 0.9, 45 passes over 15 minibatches, shared parameters, critic on all observations) on its
 task settings (conf/task/vmas/<task>.yaml). Phalanx runs `--env vmas:<task>` on its own defaults for the
 task (src/phalanx/envs/adapters/vmas.py). Both are evaluated every `--eval-every` frames the way BenchMARL
@@ -30,6 +31,7 @@ Writes OUT/runs.json (every curve), OUT/table.md and OUT/curves.png.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -136,14 +138,18 @@ def run_benchmarl(task: str, seed: int, frames: int, eval_every: int, episodes: 
 
     experiment._evaluation_loop = timed_evaluation
     experiment.run()
+    import torch
+
+    used = torch.get_num_threads()  # BenchMARL leaves torch's threads as the process set them
     total = time.perf_counter() - recorder.start - recorder.eval_seconds
     return {"curve": recorder.curve, "train_seconds": total, "frames": int(experiment.total_frames),
             "passes": PASSES, "collect_seconds": statistics.fmean(recorder.collect_seconds),
-            "update_seconds": statistics.fmean(recorder.train_seconds)}
+            "update_seconds": statistics.fmean(recorder.train_seconds),
+            "torch_threads": {"collect": used, "update": used}}
 
 
 def run_phalanx(task: str, seed: int, frames: int, eval_every: int, episodes: int, device: str, out: Path,
-                settings: dict[str, str] | None = None) -> dict:
+                threads: int, settings: dict[str, str] | None = None) -> dict:
     from phalanx import checkpoint as ckpt
     from phalanx import devices
     from phalanx import runs as phalanx_runs
@@ -158,8 +164,8 @@ def run_phalanx(task: str, seed: int, frames: int, eval_every: int, episodes: in
     run_dir = out / "run"
     start = time.time()
     cfg = resolve({"env": f"vmas:{task}", "seed": seed, "total_steps": frames, "device": device, "run_dir": str(run_dir),
-                   "checkpoint_every": eval_every, "keep_checkpoints": 1000, "progress": False, "tensorboard": False},
-                  settings or {})
+                   "checkpoint_every": eval_every, "keep_checkpoints": 1000, "progress": False, "tensorboard": False,
+                   "torch_threads": threads}, settings or {})
     # `phalanx.train` with the trainer's phase clock on (on a CPU it reads the clock and nothing else).
     trainer = Trainer(cfg)
     try:
@@ -168,6 +174,7 @@ def run_phalanx(task: str, seed: int, frames: int, eval_every: int, episodes: in
         trainer.train()
         batches = trainer.update_idx
         clock = dict(trainer.timer.seconds)
+        used = {"collect": trainer.threads.collect, "update": trainer.threads.update}
     finally:
         trainer.close()
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
@@ -183,7 +190,7 @@ def run_phalanx(task: str, seed: int, frames: int, eval_every: int, episodes: in
         curve.append({"frames": step, "time": at["time"] - start, "return": res["mean_agent_return"]})
     return {"curve": curve, "train_seconds": rows[-1]["time"] - start, "frames": rows[-1]["step"], "passes": cfg.num_epochs,
             "collect_seconds": clock["collect"] / batches, "update_seconds": clock["update"] / batches,
-            "mappo_values": cfg.mappo_values}
+            "mappo_values": cfg.mappo_values, "torch_threads": used}
 
 
 def per_pass(run: dict) -> float:
@@ -235,6 +242,9 @@ def report(runs: list[dict], out: Path, tasks: list[str], seeds: list[int], fram
                 reach = ", ".join("not reached" if t is None else f"{t:.0f} s ({t / bm_time:.2f}x BenchMARL's)" for t in times)
             lines.append(f"| {task} | {lib} | {interval([p['return'] for p in same])} | {interval([p['time'] for p in same])} | "
                          f"{statistics.fmean(fps):,.0f} | {interval(ends)} ({rs[0]['frames']:,}) | {reach} | {pass_cell} | {ratio} |")
+    used = {lib: sorted({json.dumps(r.get("torch_threads", "not recorded")) for r in runs if r["library"] == lib})
+            for lib in LIBRARIES}
+    lines += ["", "torch threads each library ran with: " + "; ".join(f"{lib} {', '.join(v)}" for lib, v in used.items() if v)]
     text = "\n".join(lines) + "\n"
     (out / "table.md").write_text(text)
     plot(runs, out / "curves.png", tasks)
@@ -284,6 +294,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--one", nargs=3, metavar=("LIBRARY", "TASK", "SEED"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     out = Path(args.out)
+    if "torch_threads" in args.phalanx_set:
+        p.error("--phalanx-set torch_threads: give --threads, which sets the threads of both libraries")
+    if args.threads < 1:
+        p.error(f"--threads must be >= 1; got {args.threads}")
+    if "benchmarl" in args.libraries.split(",") and importlib.util.find_spec("benchmarl") is None:
+        p.error("BenchMARL is not installed: pip install -e '.[benchmarl]' && pip install --no-deps benchmarl==1.5.2")
     if args.one:
         import torch
 
@@ -296,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
             result = run_benchmarl(task, seed, args.frames, args.eval_every, args.eval_episodes, args.device, where)
         else:
             result = run_phalanx(task, seed, args.phalanx_frames, args.eval_every, args.eval_episodes, args.device, where,
-                                 settings)
+                                 args.threads, settings)
             result["settings"] = settings
         (where / "result.json").write_text(json.dumps({"library": lib, "task": task, "seed": seed, **result}, indent=1))
         return 0

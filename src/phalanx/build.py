@@ -103,6 +103,11 @@ def build_run(cfg: Config, run_dir: Path | None, resume: bool, dist: Dist, overw
 
 
 def _build(cfg: Config, run_dir: Path | None, resume: bool, dist: Dist, parts: dict, overwrite: bool) -> Run:
+    devices.require_torch("Phalanx", devices.TORCH_FLOOR)
+    if cfg.compile:
+        devices.require_torch("config key 'compile'", devices.COMPILE_FLOOR)
+    if cfg.cuda_graphs:
+        devices.require_torch("config key 'cuda_graphs'", devices.COMPILE_FLOOR)
     device = dist.init(devices.resolve_device(cfg.device))
     main = dist.is_main
     announce = cfg.progress and main

@@ -14,6 +14,27 @@ import torch
 from phalanx.errors import ConfigError
 
 
+# The oldest torch each path was seen to work on (scripts/torch_floor_smoke.sh; the README's "Versions"):
+# below TORCH_FLOOR the fused Adam's version bump takes one tensor, not a list; below COMPILE_FLOOR Dynamo
+# cannot trace the update step's autograd calls into its graph (no `trace_autograd_ops`).
+TORCH_FLOOR = (2, 5)
+COMPILE_FLOOR = (2, 11)
+
+
+def torch_release(version: str | None = None) -> tuple[int, int]:
+    """(major, minor) of `version` (default: the torch running), e.g. '2.13.0+cpu' -> (2, 13)."""
+    major, minor = (version or torch.__version__).split("+")[0].split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+def require_torch(what: str, floor: tuple[int, int], version: str | None = None) -> None:
+    """One line where the torch running is older than `what` needs."""
+    found = version or torch.__version__
+    if torch_release(found) < floor:
+        need = ".".join(map(str, floor))
+        raise ConfigError(f"{what} needs torch >= {need}; this is torch {found} (pip install 'torch>={need}')")
+
+
 def resolve_device(name: str) -> torch.device:
     """'auto' picks CUDA, then MPS, then CPU; an explicit device must exist (checked before allocating)."""
     if name == "auto":
