@@ -81,7 +81,7 @@ class Policy:
         if not self.recurrent:
             action, _ = self.model.act(x, generator, greedy)
             return self.model.head.to_env(action).to(obs.device)
-        slots = x.shape[:-1].numel()
+        slots = obs.shape[: obs.dim() - len(self.observation_space.shape)].numel()  # [..., A]: pixels keep C, H, W
         if self.memory is None or self.memory.batch_size != slots:
             self.memory = self.model.initial_state(slots, self.device)
         reset = reset.to(self.device) if reset is not None else None
