@@ -63,3 +63,199 @@ def test_policy_act_plays_an_image_memory_model(trained):
     actions = policy.act(rec.obs, reset=torch.zeros(3, 1, dtype=torch.bool), active=rec.active)
     assert actions.shape == (3, 1)
     assert policy.memory.batch_size == 3
+
+
+# -- ONNX: every model kind and action space, played in lockstep -----------------------------------------------
+
+@pytest.fixture(scope="module")
+def onnxruntime():
+    return pytest.importorskip("onnxruntime")
+
+
+@pytest.fixture(scope="module")
+def exported(trained, onnxruntime):
+    """name -> the policy.onnx of CASES[name], exported once for the module."""
+    from phalanx.export import export_onnx
+
+    made: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in made:
+            run = trained(name)
+            made[name] = export_onnx(phalanx.load(run), run / "export" / "policy.onnx")
+        return made[name]
+
+    return get
+
+
+MEMORY = {"lstm": ["h", "c"], "transformer": ["k", "v", "pos", "valid"], "strategy": ["k", "v", "pos", "valid", "h", "c"]}
+DISTRIBUTION = {"pendulum": ["mean", "log_std"], "drone_swarm": ["mean", "log_std"]}
+CENTRALISED = ("bucket_brigade", "drone_swarm")  # MAPPO by the env's training defaults: no value output
+
+
+def expected_io(name: str) -> tuple[list[str], list[str]]:
+    model, env = CASES[name]["model"], CASES[name]["env"]
+    memory = MEMORY.get(model, [])
+    inputs = ["obs", *(["episode_start", "active"] if memory else []), *(f"memory.{m}" for m in memory)]
+    outputs = ["action", *DISTRIBUTION.get(env, ["logits"]), *([] if env in CENTRALISED else ["value"]),
+               *(f"next_memory.{m}" for m in memory)]
+    return inputs, outputs
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_graph_plays_twenty_episodes_in_lockstep_with_the_policy(name, exported):
+    from phalanx.export import lockstep, onnx_session, read_contract, sidecar_path
+
+    path = exported(name)
+    session = onnx_session(path)
+    inputs, outputs = expected_io(name)
+    assert [i.name for i in session.get_inputs()] == inputs
+    assert [o.name for o in session.get_outputs()] == outputs
+    terms = read_contract(path)
+    assert json.loads(sidecar_path(path).read_text()) == terms
+    assert [i["name"] for i in terms["inputs"]] == inputs and [o["name"] for o in terms["outputs"]] == outputs
+    assert all(m["initial"] == 0 for m in terms["memory"].values())
+    assert terms["exporter"].startswith("torch.onnx dynamo")
+
+    report = lockstep(path.parent.parent, path, episodes=20, num_envs=3, seed=1)
+    assert report["episodes"] >= 20 and report["actions_identical"], report
+    assert report["episode_starts"] > 0  # memory resets before acting, exercised
+    assert set(report["max_abs_diff"]) >= set(outputs) - {"action"} - ({"action"} if "mean" not in outputs else set())
+    assert max(report["max_abs_diff"].values()) < 1e-4, report
+    if CASES[name]["env"] == "trial_nav":
+        assert report["trial_ends"] > 0  # memory kept across the trials of an episode
+
+
+def test_the_batch_is_dynamic(exported):
+    # Traced at batch 2; played at 1 and 5 envs, the same file.
+    from phalanx.export import lockstep
+
+    path = exported("transformer-trial_nav")
+    for num_envs in (1, 5):
+        report = lockstep(path.parent.parent, path, episodes=20, num_envs=num_envs, seed=num_envs)
+        assert report["episodes"] >= 20 and report["actions_identical"], report
+        assert max(report["max_abs_diff"].values()) < 1e-4, report
+
+
+def test_episode_start_clears_the_memory_and_an_inactive_slot_keeps_it(exported):
+    from phalanx.export import onnx_session
+
+    session = onnx_session(exported("lstm-cartpole"))
+    rng = np.random.default_rng(0)
+    obs = rng.normal(size=(4, 1, 4)).astype(np.float32)
+    held = {f"memory.{m}": rng.normal(size=(4, 1, 8)).astype(np.float32) for m in ("h", "c")}
+    zeros = {k: np.zeros_like(v) for k, v in held.items()}
+    yes, no = np.ones((4, 1), bool), np.zeros((4, 1), bool)
+    started = session.run(None, {"obs": obs, "episode_start": yes, "active": yes, **held})
+    fresh = session.run(None, {"obs": obs, "episode_start": no, "active": yes, **zeros})
+    for a, b in zip(started, fresh):
+        np.testing.assert_array_equal(a, b)
+    kept = session.run(None, {"obs": obs, "episode_start": no, "active": no, **held})
+    np.testing.assert_array_equal(kept[-2], held["memory.h"])
+    np.testing.assert_array_equal(kept[-1], held["memory.c"])
+    moved = session.run(None, {"obs": obs, "episode_start": no, "active": yes, **held})
+    assert not np.allclose(moved[-2], held["memory.h"])
+
+
+def test_the_deployed_memory_layout_round_trips(trained):
+    policy = phalanx.load(trained("strategy-duel"))
+    state = policy.model.initial_state(3 * 2)
+    for t in state.tensors().values():
+        t.copy_(torch.arange(t.numel()).reshape(t.shape).to(t.dtype))
+    deployed = memory_from_model(state, 2)
+    assert deployed["k"].shape[:2] == (3, 2) and deployed["pos"].shape == (3, 2)
+    back = memory_to_model(deployed, type(state))
+    for name, t in state.tensors().items():
+        assert torch.equal(getattr(back, name), t)
+
+
+def test_the_deployed_policy_folds_in_the_observation_normalisation(trained):
+    policy = phalanx.load(trained("mlp-cartpole"))
+    assert policy.obs_rms is not None and not torch.allclose(policy.obs_rms.mean, torch.zeros(4, dtype=torch.float64))
+    obs = torch.randn(5, 1, 4)
+    out = DeployedPolicy(policy).named(obs)
+    assert torch.equal(out["action"], policy.act(obs))
+
+
+# -- the command line and its bad input ------------------------------------------------------------------------
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("phalanx: error: "), err
+    return err[0]
+
+
+def test_export_writes_the_graph_and_says_where_and_how_big(trained, onnxruntime, capsys, tmp_path):
+    run = trained("mlp-pendulum")
+    assert main(["export", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert f"wrote {run / 'export' / 'policy.onnx'}" in out and "model.safetensors" in out and "kB" in out
+    assert (run / "export" / "policy.json").is_file()
+    target = tmp_path / "deep" / "pendulum.onnx"
+    assert main(["export", str(run), "--out", str(target), "--opset", "18"]) == 0
+    from phalanx.export import read_contract
+
+    assert read_contract(target)["opset"] == 18 and target.with_suffix(".json").is_file()
+
+
+def test_export_without_the_extra_names_it(trained, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime now fails
+    assert main(["export", str(trained("mlp-cartpole"))]) == 2
+    line = one_error_line(capsys)
+    assert "onnxruntime" in line and "pip install 'phalanx[export]'" in line
+
+
+def test_export_refuses_a_run_without_a_checkpoint(trained, onnxruntime, capsys, tmp_path):
+    run = tmp_path / "bare"
+    run.mkdir()
+    (run / "config.json").write_text((trained("mlp-cartpole") / "config.json").read_text())
+    assert main(["export", str(run)]) == 2
+    assert "no checkpoint" in one_error_line(capsys)
+    assert main(["export", str(tmp_path / "nothing")]) == 2
+    assert "not a run directory" in one_error_line(capsys)
+
+
+def test_export_refuses_a_corrupt_checkpoint(trained, onnxruntime, capsys, tmp_path):
+    import shutil
+
+    run = tmp_path / "corrupt"
+    shutil.copytree(trained("mlp-cartpole"), run)
+    weights = next((run / "checkpoints").iterdir()) / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-3] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    assert main(["export", str(run)]) == 2
+    assert "corrupt" in one_error_line(capsys)
+
+
+def test_export_refuses_what_it_cannot_write(trained, onnxruntime, monkeypatch, capsys):
+    run = str(trained("mlp-cartpole"))
+    assert main(["export", run, "--opset", "9"]) == 2
+    assert "opset (--opset) must be in [18, " in one_error_line(capsys)
+    assert main(["export", run, "--out", "policy.txt"]) == 2
+    assert "must name a .onnx file" in one_error_line(capsys)
+
+    def cannot(*args, **kwargs):
+        raise RuntimeError("Unsupported: an op the exporter cannot express\nmore detail")
+
+    monkeypatch.setattr(torch.onnx, "export", cannot)
+    assert main(["export", run]) == 2
+    line = one_error_line(capsys)
+    assert "model 'mlp' on env 'cartpole'" in line and "cannot be exported to ONNX" in line
+    assert line.count("an op the exporter cannot express") == 2  # the dynamo and the TorchScript exporter's reasons
+    assert not (Path(run) / "export" / "policy.onnx").exists()
+
+
+def test_where_the_dynamo_exporter_fails_the_torchscript_one_writes_the_graph(trained, onnxruntime, monkeypatch, tmp_path):
+    from phalanx import export
+    from phalanx.export import export_onnx, lockstep, read_contract
+
+    def cannot(*args, **kwargs):
+        raise RuntimeError("an op torch.export cannot trace")
+
+    monkeypatch.setattr(export, "_export_dynamo", cannot)
+    run = trained("lstm-cartpole")
+    path = export_onnx(phalanx.load(run), tmp_path / "torchscript.onnx")
+    assert read_contract(path)["exporter"] == export.TORCHSCRIPT
+    report = lockstep(run, path, episodes=20, num_envs=2)
+    assert report["actions_identical"] and max(report["max_abs_diff"].values()) < 1e-4, report

@@ -25,6 +25,7 @@ from phalanx.envs import make, registered, registry
 from phalanx.envs.check import check_env
 from phalanx.errors import CheckpointError, ConfigError, MissingExtraError, PhalanxError, Stopped, storage_reason
 from phalanx.evaluate import evaluate_policy
+from phalanx.export import DEFAULT_OPSET, export_onnx, file_sizes, read_contract, require_export_extra, sidecar_path
 from phalanx.league import LEAGUE_FILE, Ratings, load_snapshot
 from phalanx.logs import return_label
 from phalanx.plot import ClosingPlot, plot_run, plot_runs
@@ -442,6 +443,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    require_export_extra()  # before anything is loaded: the one line names the extra to install
+    run_dir = Path(args.run_dir)
+    policy = load(run_dir, checkpoint=args.checkpoint)
+    checkpoint = Path(args.checkpoint) if args.checkpoint else ckpt.latest_checkpoint(run_dir)
+    path = export_onnx(policy, Path(args.out) if args.out else run_dir / "export" / "policy.onnx", opset=args.opset)
+    sizes, terms = file_sizes(path, checkpoint), read_contract(path)
+    print(f"wrote {path} ({terms['exporter']}, opset {terms['opset']}) and its I/O contract {sidecar_path(path)}")
+    print(f"size: {sizes['onnx'] / 1e3:,.1f} kB, beside {sizes['safetensors'] / 1e3:,.1f} kB of weights in "
+          f"{checkpoint / 'model.safetensors'}")
+    return 0
+
+
 COMMAND_GROUP = "phalanx.commands"
 
 
@@ -515,6 +529,14 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     pm.add_argument("--out", default=None, help="where compare.md, compare.json and curves.png go [SWEEP/compare for one sweep or folder; "
                     "else a compare folder beside the runs]")
     pm.add_argument("--json", action="store_true", help="print the JSON instead of the table")
+    px = sub.add_parser("export", help="write a run's policy as an ONNX graph (docs/EXPORT.md; the export extra)",
+                        description="Write a run's policy as an ONNX graph: raw observations (and memory) in, greedy env "
+                                    "actions, distribution parameters, value (and next memory) out; contract in docs/EXPORT.md.")
+    px.add_argument("run_dir", help="the run directory whose policy is exported")
+    px.add_argument("--checkpoint", metavar="PATH", help="a checkpoint directory of the run [its latest]")
+    px.add_argument("--out", metavar="FILE", help="the .onnx file to write; its contract goes beside it as .json "
+                    "[RUN_DIR/export/policy.onnx]")
+    px.add_argument("--opset", type=int, default=DEFAULT_OPSET, help=f"ONNX opset [{DEFAULT_OPSET}]")
     for name, ep in plugin_commands().items():
         sub.add_parser(name, help=f"from {ep.value.split(':')[0]} (see `phalanx {name} --help`)", add_help=False)
     return parser
@@ -586,6 +608,8 @@ def _run_command(argv: list[str]) -> int:
             return cmd_sweep(args)
         if args.command == "compare":
             return cmd_compare(args)
+        if args.command == "export":
+            return cmd_export(args)
     except PhalanxError as e:
         print(f"phalanx: error: {e}", file=sys.stderr)
         return 2
