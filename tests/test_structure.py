@@ -28,7 +28,8 @@ ZOO_DIRS = ("zoo/",)
 # Third-party modules a function may import on use: optional extras, or imports that cost a second
 # and serve one command (TensorBoard writer, progress bar, plots, recordings, the gym/pz/vmas adapters).
 LAZY_THIRD_PARTY = ("torch.utils.tensorboard", "rich", "matplotlib", "PIL", "imageio", "gymnasium", "pettingzoo",
-                    "stable_baselines3", "resource", "ctypes", "optuna", "ray", "wandb", "vmas", "onnx", "onnxruntime")
+                    "stable_baselines3", "resource", "ctypes", "optuna", "ray", "wandb", "vmas", "onnx", "onnxruntime",
+                    "huggingface_hub")
 
 
 def _modules() -> dict[str, Path]:

@@ -28,6 +28,7 @@ from phalanx.evaluate import evaluate_policy
 from phalanx.export import DEFAULT_OPSET, export_onnx, file_sizes, read_contract, require_export_extra, sidecar_path
 from phalanx.league import LEAGUE_FILE, Ratings, load_snapshot
 from phalanx.logs import return_label
+from phalanx.package import DEFAULT_EPISODES, DEFAULT_SEED, check_repo_id, push_to_hub, write_package
 from phalanx.plot import ClosingPlot, plot_run, plot_runs
 from phalanx.policy import load
 from phalanx.record import record_episode
@@ -445,6 +446,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     require_export_extra()  # before anything is loaded: the one line names the extra to install
+    if args.package is not None or args.push_to_hub:
+        return _export_package(args)
+    given = [f for f, v in (("--episodes", args.episodes), ("--seed", args.seed), ("--overwrite", args.overwrite or None))
+             if v is not None]
+    if given:
+        raise ConfigError(f"export {', '.join(given)}: these go with --package DIR (the evaluation in its model card)")
     run_dir = Path(args.run_dir)
     policy = load(run_dir, checkpoint=args.checkpoint)
     checkpoint = Path(args.checkpoint) if args.checkpoint else ckpt.latest_checkpoint(run_dir)
@@ -453,6 +460,30 @@ def cmd_export(args: argparse.Namespace) -> int:
     print(f"wrote {path} ({terms['exporter']}, opset {terms['opset']}) and its I/O contract {sidecar_path(path)}")
     print(f"size: {sizes['onnx'] / 1e3:,.1f} kB, beside {sizes['safetensors'] / 1e3:,.1f} kB of weights in "
           f"{checkpoint / 'model.safetensors'}")
+    return 0
+
+
+def _export_package(args: argparse.Namespace) -> int:
+    """export --package DIR [--push-to-hub REPO_ID]: the folder to share (phalanx.package)."""
+    if args.package is None:
+        raise ConfigError("export --push-to-hub needs --package DIR: the folder it writes and uploads")
+    if args.out:
+        raise ConfigError("export --out and --package: the package holds its graph as DIR/policy.onnx; give one of them")
+    episodes = DEFAULT_EPISODES if args.episodes is None else args.episodes
+    _at_least_one("export", episodes=episodes)
+    if args.push_to_hub:
+        check_repo_id(args.push_to_hub)  # before the evaluation: a bad id or a missing extra costs nothing
+    report = write_package(args.run_dir, args.package, checkpoint=args.checkpoint, episodes=episodes,
+                           seed=DEFAULT_SEED if args.seed is None else args.seed, opset=args.opset, overwrite=args.overwrite)
+    first = report["table"]["rows"][0]
+    lo, hi = first["ci95"]
+    print(f"wrote {report['dir']}: {', '.join(report['files'])}")
+    print(f"{first['policy']} ({first['play']}): mean return {first['mean_return']:.2f}, 95% interval [{lo:.2f}, {hi:.2f}] "
+          f"over {first['episodes']} episodes; the table against the env's baselines is in {report['dir'] / 'README.md'}")
+    if not report["replay"].endswith(".gif"):
+        print(report["replay"])
+    if args.push_to_hub:
+        print(f"uploaded to {push_to_hub(report['dir'], args.push_to_hub)}")
     return 0
 
 
@@ -537,6 +568,15 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     px.add_argument("--out", metavar="FILE", help="the .onnx file to write; its contract goes beside it as .json "
                     "[RUN_DIR/export/policy.onnx]")
     px.add_argument("--opset", type=int, default=DEFAULT_OPSET, help=f"ONNX opset [{DEFAULT_OPSET}]")
+    px.add_argument("--package", metavar="DIR", help="write a folder to share instead: policy.onnx, the weights, config and a "
+                    "model card (README.md, Hugging Face Hub format) with the evaluation against the env's baselines, the "
+                    "learning curve and a replay (docs/EXPORT.md, 'Sharing a policy')")
+    px.add_argument("--episodes", type=int, help=f"with --package: episodes per row of the evaluation [{DEFAULT_EPISODES}]")
+    px.add_argument("--seed", type=int, help=f"with --package: seed of the evaluation and the replay [{DEFAULT_SEED}]")
+    px.add_argument("--overwrite", action="store_true", help="with --package: replace the package's files in a folder that "
+                    "holds some (other files are kept)")
+    px.add_argument("--push-to-hub", metavar="REPO_ID", help="with --package: upload the folder to this Hugging Face Hub "
+                    "model repository (the hub extra; the token of `hf auth login` or HF_TOKEN)")
     for name, ep in plugin_commands().items():
         sub.add_parser(name, help=f"from {ep.value.split(':')[0]} (see `phalanx {name} --help`)", add_help=False)
     return parser

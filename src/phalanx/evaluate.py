@@ -41,7 +41,8 @@ def evaluate_policy(
     head-to-head matches: then per-slot metrics are the learner side's, and the result adds
     wins / draws / losses, their rates and a 95% Wilson interval of the win rate.
     Returns the mean/median/std of the episode return (summed over agent slots: the team return),
-    the mean per-agent return, mean length, success rate and the env's own episode metrics.
+    the mean per-agent return, mean length, success rate, the env's own episode metrics, and each
+    episode's return (`episode_returns`).
     """
     n = num_envs or min(episodes, 64)
     env = make(env_name, num_envs=n, device=device, seed=seed, **(env_options or {}))
@@ -99,6 +100,7 @@ def evaluate_policy(
         "mean_agent_return": statistics.fmean(returns) / (A - int(side.sum()) if side is not None else A) if returns else float("nan"),
         "mean_length": statistics.fmean(r["length"] for r in rows) if rows else float("nan"),
         "greedy": greedy,
+        "episode_returns": returns,  # in the order the episodes were taken, for intervals over episodes
     }
     if success_key is not None and rows and success_key in rows[0]:
         out["success_rate"] = statistics.fmean(r[success_key] for r in rows)
