@@ -32,6 +32,7 @@ from phalanx.algo import (
     ppo_update,
 )
 from phalanx.algo.ppo import VECTOR_GATHER_MIN_ROWS
+from phalanx.config import Config, params_of
 from phalanx.envs.spaces import Box, Discrete, MultiDiscrete
 from phalanx.models import distributions as D
 from phalanx.models.mlp import (
@@ -47,13 +48,18 @@ from phalanx.models.mlp import (
 F64 = torch.float64
 
 
+def ppo_params(**kw) -> PPOParams:
+    """The update's hyperparameters: the config's defaults, with `kw` in their place."""
+    return params_of(PPOParams, Config(**kw))
+
+
 def losses(newlp, ent, newv, batch, clip_coef=0.2, vf_coef=0.5, ent_coef=0.0, **kw):
     """`ppo_losses` with the hyperparameters given as keywords (or the first three positionally)."""
-    return ppo_losses(newlp, ent, newv, batch, PPOParams(clip_coef=clip_coef, vf_coef=vf_coef, ent_coef=ent_coef, **kw))
+    return ppo_losses(newlp, ent, newv, batch, ppo_params(clip_coef=clip_coef, vf_coef=vf_coef, ent_coef=ent_coef, **kw))
 
 
 def update(evaluate, model, optimizer, batch, generator=None, **kw):
-    hp = PPOParams(**kw)
+    hp = ppo_params(**kw)
     return ppo_update(minibatch_step(evaluate, optimizer, hp), batch, hp, generator=generator)
 
 
@@ -1016,7 +1022,7 @@ def test_losses_without_a_mask_equal_those_with_an_all_ones_mask_bit_for_bit(cli
     full = PPOBatch(torch.zeros(n, 1), torch.zeros(n, 1), torch.zeros(n, dtype=torch.long), *cols, mask=torch.ones(n))
     none = copy.copy(full)
     none.mask = None
-    hp = PPOParams(clip_vloss=clip_vloss, ent_coef=0.01)
+    hp = ppo_params(clip_vloss=clip_vloss, ent_coef=0.01)
     grads, out = [], []
     for batch in (full, none):
         newlp, ent, newv = (torch.randn(n, generator=torch.Generator().manual_seed(k)).requires_grad_() for k in (5, 6, 7))

@@ -10,6 +10,7 @@ import torch
 from phalanx import checkpoint as ckpt
 from phalanx import runs
 from phalanx.algo import Normalizers, RunningMeanStd
+from phalanx.algo.normalize import model_input
 from phalanx.config import Config
 from phalanx.devices import resolve_device
 from phalanx.draws import Source
@@ -54,15 +55,9 @@ class Policy:
         return next(self.model.parameters()).device
 
     def preprocess(self, obs: torch.Tensor) -> torch.Tensor:
-        """[*batch, *obs_shape] -> normalised float features [*batch, obs_dim]."""
-        if self.model.obs_is_image:
-            return obs.to(self.device)  # pixels as they are; the CNN scales them
-        nd = len(self.observation_space.shape)
-        x = obs.to(self.device).float()
-        x = x.reshape(*x.shape[: x.dim() - nd], -1)
-        if self.obs_rms is not None:
-            x = self.obs_rms.normalize(x, self.config.obs_clip)
-        return x
+        """[*batch, *obs_shape] -> the model's input (`algo.normalize.model_input`, as the rollout's)."""
+        return model_input(obs.to(self.device), len(self.observation_space.shape), self.model.obs_is_image, self.obs_rms,
+                           self.config.obs_clip)
 
     @torch.no_grad()
     def act(

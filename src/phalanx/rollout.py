@@ -15,6 +15,7 @@ from contextlib import AbstractContextManager
 import torch
 
 from phalanx.algo import GAEParams, Normalizers, PPOBatch, advantages
+from phalanx.algo.normalize import model_input
 from phalanx.budget import buffer_specs, stored_stack
 from phalanx.checkpoint import section
 from phalanx.config import Config, params_of
@@ -57,6 +58,7 @@ class Rollout:
         self.teammates, self.league = teammates, league
         self.device = env.device
         self.N, self.A = env.num_envs, env.num_agents
+        self.obs_dims = len(env.observation_space.shape)
         # Sized before the env was built (budget.run_bytes, checked when the run is built).
         self.buf = {k: torch.zeros(shape, dtype=dt, device=self.device) for k, (shape, dt) in buffer_specs(cfg, env, model).items()}
         self.frame_stack = stored_stack(env, model)
@@ -65,7 +67,7 @@ class Rollout:
         self.record = env.reset(seed=seed)
         # The observation statistics count the reset observations here and every later one once, as it
         # arrives in `collect` (a rollout starts from the observation the previous one already counted).
-        self.obs_in(self.record.obs, update=True, mask=self.record.active & learner)
+        self.obs_in(self.record.obs, fold=self.record.active & learner)
         self.counters = EpisodeCounters(self.N, self.A, self.device)
         # Slots whose episode ended at the last step: memory (the learner's, a teammate's) resets there.
         self.prev_done = torch.zeros(self.N, self.A, dtype=torch.bool, device=self.device)
@@ -156,19 +158,10 @@ class Rollout:
             self.league.select_rows = False
 
     # -- observations and values -----------------------------------------------------------------
-    def obs_in(self, obs: torch.Tensor, update: bool = False, mask: torch.Tensor | None = None,
-               rows: int | None = None) -> torch.Tensor:
-        """The model's input: uint8 pixels as they are (the CNN scales them), else flat float features,
-        normalised where `norm_obs` is on (`update` folds them into the statistics first)."""
-        if self.model.obs_is_image:
-            return obs
-        # [N, A, features] already (as every flat observation space gives): no reshape, one view fewer a step.
-        x = (obs if obs.dim() == 3 else obs.reshape(rows or self.N, self.A, -1)).float()
-        if self.norms.obs is None:
-            return x
-        if update:
-            self.norms.obs.update(x, mask)
-        return self.norms.obs.normalize(x, self.cfg.obs_clip)
+    def obs_in(self, obs: torch.Tensor, fold: torch.Tensor | None = None) -> torch.Tensor:
+        """The model's input (`model_input`, as `Policy.preprocess`); `fold` [N, A]: the slots whose
+        observations the statistics count first."""
+        return model_input(obs, self.obs_dims, self.model.obs_is_image, self.norms.obs, self.cfg.obs_clip, fold)
 
     def value(self, obs_n: torch.Tensor, state: torch.Tensor | None, envs: torch.Tensor | None = None) -> torch.Tensor:
         """V of observations of all envs, or of the envs `envs` (a long index) only, in return units."""
@@ -201,7 +194,7 @@ class Rollout:
             if not _read(trunc.any()):
                 return next_value
             envs = trunc.any(-1).nonzero().squeeze(1)
-            final = self.value(self.obs_in(rec.final_obs[envs], rows=len(envs)), state[envs] if state is not None else None, envs)
+            final = self.value(self.obs_in(rec.final_obs[envs]), state[envs] if state is not None else None, envs)
             out = next_value.clone()
             out[envs] = torch.where(trunc[envs], final, next_value[envs])
             return out
@@ -386,7 +379,7 @@ class Rollout:
         prev_active, prev_quiet = rec.active, rec.quiet
         with self.timer.phase("env_step"):
             rec = self._checked(self.env.step(model.head.to_env(action)), t, stats)
-        next_n = self.obs_in(rec.obs, update=True, mask=rec.active & learner if self.norms.obs is not None else None)
+        next_n = self.obs_in(rec.obs, fold=rec.active & learner if self.norms.obs is not None else None)
         reward = rec.reward
         # A quiet record's flags are all false (StepRecord.quiet): nothing ended, nothing was truncated.
         done = rec.terminated if rec.quiet else rec.terminated | rec.truncated

@@ -181,7 +181,7 @@ class Trainer(Run):
             last_row = row
             progress.update(self.global_step, row["sps"], self.recent_return())
             if not self._value_clip_hinted and cfg.progress and self.main:
-                hint = value_clip_hint(self.history, cfg.vf_clip_coef or cfg.clip_coef, cfg.norm_value)
+                hint = value_clip_hint(self.history, self.hp.value_clip, cfg.norm_value)
                 if hint is not None:
                     self._value_clip_hinted = True
                     print(hint, file=sys.stderr, flush=True)

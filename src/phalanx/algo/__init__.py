@@ -1,7 +1,7 @@
 """The algorithm: advantage estimation, PPO losses and update, normalisers."""
 
 from phalanx.algo.adam import Adam, adam_update
-from phalanx.algo.gae import compute_gae, pending_bootstrap
+from phalanx.algo.gae import GAEParams, compute_gae, pending_bootstrap
 from phalanx.algo.normalize import Normalizers, RewardScaler, RunningMeanStd
 from phalanx.algo.ppo import (
     PPOBatch,
@@ -14,7 +14,7 @@ from phalanx.algo.ppo import (
     ppo_update,
     saved_bytes,
 )
-from phalanx.algo.update import GAEParams, advantages, normalised_values, ppo_batch, update_on_rollout
+from phalanx.algo.update import advantages, normalised_values, ppo_batch, update_on_rollout
 
 __all__ = [
     "Adam", "GAEParams", "Normalizers", "PPOBatch", "PPOParams", "RewardScaler", "RunningMeanStd", "compute_gae", "explained_variance",

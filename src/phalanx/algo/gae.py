@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from phalanx.algo.scan import linear_scan
+
+
+@dataclass(frozen=True)
+class GAEParams:
+    """How advantages are estimated: the config keys of the same names, whose defaults and meanings config.py
+    holds (`config.params_of` fills them)."""
+
+    gamma: float
+    gae_lambda: float
+    trial_bootstrap: str  # across a trial end: continue (RL^2-style) or stop (cut like a termination)
 
 
 def compute_gae(

@@ -53,6 +53,23 @@ class RunningMeanStd(nn.Module):
         return y * torch.sqrt(self.var.to(y.dtype) + 1e-8) + self.mean.to(y.dtype)
 
 
+def model_input(obs: torch.Tensor, obs_dims: int, image: bool, stats: RunningMeanStd | None, clip: float,
+                fold: torch.Tensor | None = None) -> torch.Tensor:
+    """The model's input from observations [*batch, *obs_shape] (`obs_dims` axes of them), the one preprocess of
+    training and inference: uint8 pixels as they are (the CNN scales them), else float features
+    [*batch, features], normalised by `stats` where given, after folding the rows `fold` [*batch] into them."""
+    if image:
+        return obs
+    if obs_dims != 1:  # a flat space's [*batch, features] as it is: one view fewer a rollout step
+        obs = obs.reshape(*obs.shape[: obs.dim() - obs_dims], -1)
+    x = obs.float()
+    if stats is None:
+        return x
+    if fold is not None:
+        stats.update(x, fold)
+    return stats.normalize(x, clip)
+
+
 class RewardScaler(nn.Module):
     """Scales rewards by the std of the discounted return (as SB3's VecNormalize does)."""
 

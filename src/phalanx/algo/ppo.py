@@ -14,19 +14,25 @@ from phalanx.consts import constant
 
 @dataclass(frozen=True)
 class PPOParams:
-    """The hyperparameters of one PPO update (config keys of the same names)."""
+    """The hyperparameters of one PPO update: the config keys of the same names, whose defaults and meanings
+    config.py holds (`config.params_of` fills them)."""
 
-    num_epochs: int = 4  # passes over the rollout
-    num_minibatches: int = 4  # minibatches per epoch; a remainder is spread, one row each, over the first ones
-    clip_coef: float = 0.2  # the policy ratio's clip
-    vf_coef: float = 0.5  # value loss weight
-    ent_coef: float = 0.0  # entropy bonus weight
-    max_grad_norm: float = 0.5  # global gradient norm clip
-    clip_vloss: bool = False  # clip the value loss around the values at collection
-    vf_clip_coef: float = 0.0  # the value clip (0: clip_coef)
-    norm_adv: bool = True  # normalise advantages per minibatch
-    target_kl: float = 0.0  # stop an update's epochs once approx-KL exceeds it (0: never)
-    update_chunks: int = 1  # forward and backward of a minibatch in this many pieces, gradients summed: 1/update_chunks the activations
+    num_epochs: int
+    num_minibatches: int  # a remainder of the rows is spread, one row each, over the first minibatches
+    clip_coef: float
+    vf_coef: float
+    ent_coef: float
+    max_grad_norm: float
+    clip_vloss: bool
+    vf_clip_coef: float
+    norm_adv: bool
+    target_kl: float
+    update_chunks: int  # 0 or 1: whole minibatches
+
+    @property
+    def value_clip(self) -> float:
+        """How far a value may move from the one at collection before its loss is clipped (with `clip_vloss`)."""
+        return self.vf_clip_coef or self.clip_coef
 
 
 class LossNorms(NamedTuple):
@@ -166,7 +172,7 @@ def ppo_losses(
     # Samples whose value gradient the clip zeroes (the clipped term is the larger and is clamped).
     v_clipped_out = torch.zeros_like(v_loss, dtype=torch.bool)
     if hp.clip_vloss:
-        vclip = hp.vf_clip_coef or clip_coef
+        vclip = hp.value_clip
         change = new_values - batch.values
         clipped_error = batch.values + change.clamp(k(-vclip), k(vclip)) - batch.returns
         v_clipped_loss = clipped_error * clipped_error

@@ -14,23 +14,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
-from phalanx.algo.gae import compute_gae, pending_bootstrap
+from phalanx.algo.gae import GAEParams, compute_gae, pending_bootstrap
 from phalanx.algo.normalize import RunningMeanStd
 from phalanx.algo.ppo import PPOBatch, PPOParams, StepFn, ppo_update
 from phalanx.episodes import frame_index
-
-
-@dataclass(frozen=True)
-class GAEParams:
-    """How advantages are estimated (config keys of the same names)."""
-
-    gamma: float = 0.99  # discount
-    gae_lambda: float = 0.95  # GAE's lambda
-    trial_bootstrap: str = "continue"  # across a trial end: continue (RL^2-style) or stop (cut like a termination)
 
 
 def advantages(buf: dict[str, torch.Tensor], acts_after: torch.Tensor,
