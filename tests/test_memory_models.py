@@ -5,7 +5,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from phalanx.envs.spaces import Box, Discrete, MultiDiscrete
-from phalanx.models.memory import KVCache, LSTMActorCritic, LSTMState, TransformerActorCritic
+from phalanx.models.memory import KVCache, LSTMActorCritic, LSTMState, MemorySettings, TransformerActorCritic
 
 N, A, D, T = 3, 2, 5, 9  # segments of T steps; rollouts of 2 T
 SPACES = {
@@ -17,10 +17,11 @@ SPACES = {
 
 def make(kind, space=SPACES["discrete"], seed=0, **kw):
     torch.manual_seed(seed)
+    settings = MemorySettings(D, space, num_agents=A, agent_id=True, **kw)
     if kind == "lstm":
-        m = LSTMActorCritic(D, space, hidden=16, num_agents=A, agent_id=True, **kw)
+        m = LSTMActorCritic(settings, hidden=16)
     else:
-        m = TransformerActorCritic(D, space, width=16, layers=2, heads=2, horizon=3, num_agents=A, agent_id=True, **kw)
+        m = TransformerActorCritic(settings, width=16, layers=2, heads=2, horizon=3)
     with torch.no_grad():  # random parameters, large enough that every part matters
         for p in m.parameters():
             p.normal_(0, 0.5)

@@ -5,18 +5,19 @@ import torch
 from test_memory_models import SPACES, A, D, N, T, episode_data, replay, seq_call_names
 
 from phalanx.envs.spaces import MultiDiscrete
-from phalanx.models.memory import KVCache, LSTMState
+from phalanx.models.memory import KVCache, LSTMState, MemorySettings
 from phalanx.models.strategy import StrategyActorCritic, StrategyState
 
 OPP = (2, D)  # the default opponent slice: the second half (rounded down) of the D features
 HISTORY = 3
 
 
-def make(space=SPACES["discrete"], seed=0, **kw):
+def make(space=SPACES["discrete"], seed=0, num_agents=A, agent_id=True, memory_critic=None, state_dim=None, **kw):
     torch.manual_seed(seed)
-    kw = {"hidden": 16, "width": 16, "layers": 2, "heads": 2, "history": HISTORY, "latent_tokens": 2,
-          "num_agents": A, "agent_id": True, **kw}
-    m = StrategyActorCritic(D, space, **kw)
+    kw = {"hidden": 16, "width": 16, "layers": 2, "heads": 2, "history": HISTORY, "latent_tokens": 2, **kw}
+    settings = MemorySettings(D, space, num_agents=num_agents, agent_id=agent_id, memory_critic=memory_critic,
+                              state_dim=state_dim)
+    m = StrategyActorCritic(settings, **kw)
     with torch.no_grad():  # random parameters, large enough that every part matters
         for p in m.parameters():
             p.normal_(0, 0.5)
@@ -154,9 +155,9 @@ def test_sequence_forward_is_batched_over_time():
 
 
 def test_duel_defaults():
-    m = StrategyActorCritic(64, MultiDiscrete((2,) * 10))
+    m = StrategyActorCritic(MemorySettings(64, MultiDiscrete((2,) * 10)))
     assert m.opponent_features == (32, 64) and m.strategy.horizon == 90
     st = m.initial_state(3)
     assert st.k.shape == (2, 3, 90, 64) and st.h.shape == (3, 128)
     with pytest.raises(ValueError):
-        StrategyActorCritic(64, MultiDiscrete((2,) * 10), opponent_features=(40, 70))
+        StrategyActorCritic(MemorySettings(64, MultiDiscrete((2,) * 10)), opponent_features=(40, 70))

@@ -17,7 +17,7 @@ import torch
 from phalanx.algo import GAEParams, PPOParams
 from phalanx.config import FIELDS, params_of, resolve
 from phalanx.envs import make, registry
-from phalanx.models.kinds import KINDS
+from phalanx.model_kinds import KINDS
 from phalanx.models.mlp import ActionHead
 from phalanx.models.protocol import ActorCritic, FeedForwardActorCritic, RecurrentActorCritic
 from phalanx.models.registry import MODELS, build_model
@@ -113,6 +113,39 @@ def test_import_graph_has_no_cycle():
             visit(node)
 
 
+MAX_LAYERS = 15  # issue 49: 16 layers, with config and models importing each other
+
+
+def _package_graph() -> dict[str, set[str]]:
+    """The import graph with each subpackage of phalanx (models, envs, algo, ...) and phalanx_bench as one node."""
+    def node(name: str) -> str:
+        parts = name.split(".")
+        return parts[0] if parts[0] != "phalanx" else ".".join(parts[:2])
+
+    out: dict[str, set[str]] = {}
+    for name, deps in _graph().items():
+        out.setdefault(node(name), set()).update(node(d) for d in deps)
+    return {n: deps - {n, "phalanx"} for n, deps in out.items()}
+
+
+def test_packages_import_one_way_in_few_layers():
+    """No package imports one that imports it back (models -> config -> models was the last), and the layers
+    (the longest chain of imports, a leaf being layer 1) stay few."""
+    graph = _package_graph()
+    layer: dict[str, int] = {}
+
+    def depth(n: str, path: tuple[str, ...]) -> int:
+        if n in path:
+            pytest.fail("packages import each other: " + " -> ".join((*path[path.index(n):], n)))
+        if n not in layer:
+            layer[n] = 1 + max((depth(d, (*path, n)) for d in sorted(graph.get(n, ()))), default=0)
+        return layer[n]
+
+    deepest = max(depth(n, ()) for n in sorted(graph))
+    assert {"phalanx.models", "phalanx.config", "phalanx.envs", "phalanx_bench"} <= set(graph)
+    assert deepest <= MAX_LAYERS, sorted(layer.items(), key=lambda kv: kv[1])
+
+
 def test_the_graph_sees_known_edges():
     # Guards the test above against reading nothing.
     graph = _graph()
@@ -194,12 +227,12 @@ def test_functions_import_no_project_module_and_only_listed_third_party_ones():
 # -- the model interface -------------------------------------------------------------------------
 
 def test_model_names_are_written_in_one_place():
-    """models/kinds.py names the models; the code refers to its kinds (the zoo's envs may name a model as a config
+    """model_kinds.py names the models; the code refers to its kinds (the zoo's envs may name a model as a config
     value in their training defaults, as a user's config does)."""
     names, found = set(KINDS), []
     for path in sorted((SRC / "phalanx").rglob("*.py")):
         rel = path.relative_to(SRC / "phalanx").as_posix()
-        if rel == "models/kinds.py" or rel.startswith(ZOO_DIRS):
+        if rel == "model_kinds.py" or rel.startswith(ZOO_DIRS):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Constant) and node.value in names:

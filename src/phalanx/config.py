@@ -21,7 +21,7 @@ import yaml
 from phalanx.coerce import coerce
 from phalanx.envs import registry
 from phalanx.errors import ConfigError
-from phalanx.models.kinds import KINDS, MLP, TRANSFORMER, ModelKind
+from phalanx.model_kinds import KINDS, MLP, TRANSFORMER, ModelKind
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -1,1 +1,1 @@
-"""Policies: the model kinds (kinds.py), their builders (registry.py) and the networks."""
+"""Policies: the networks and their builders (registry.py, one per kind of phalanx/model_kinds.py)."""

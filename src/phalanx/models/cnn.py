@@ -10,18 +10,21 @@ The last batch axis before the image is the agent axis A (A = 1 for single-agent
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from phalanx.draws import Source
 from phalanx.envs.spaces import Space
-from phalanx.models.kinds import LSTM, TRANSFORMER
-from phalanx.models.memory import LSTMActorCritic, TransformerActorCritic
+from phalanx.model_kinds import LSTM, TRANSFORMER
+from phalanx.models.memory import LSTMActorCritic, MemorySettings, TransformerActorCritic
 from phalanx.models.mlp import ACTIVATIONS, ActionHead, Linear, layer_init
 from phalanx.models.state import NoMemory
 
 MEMORY_CORES = {LSTM.name: LSTMActorCritic, TRANSFORMER.name: TransformerActorCritic}
+SETTINGS_FIELDS = tuple(f.name for f in dataclasses.fields(MemorySettings) if f.name not in ("obs_dim", "action_space"))
 
 
 def conv_min_size(kernels: tuple[int, ...], strides: tuple[int, ...]) -> int:
@@ -203,8 +206,9 @@ class CNNMemoryActorCritic(nn.Module):
     step forwards take obs [*B, A, C, H, W], sequence forwards obs [*B, A, T, C, H, W]; states,
     resets, active masks and outputs are the core's. The encoder is memoryless, so encoding every
     step in one batch keeps the sequence forward equal to the step forward, and `evaluate_seq`
-    trains encoder and core together. `core_kwargs` go to the core (hidden, width, layers, heads,
-    horizon, activation, num_agents, agent_id, memory_critic, critic_hidden, init_log_std).
+    trains encoder and core together. `core_kwargs` go to the core: the `MemorySettings` fields
+    (num_agents, agent_id, init_log_std, memory_critic, critic_hidden) into its settings, the rest
+    (hidden; width, layers, heads, horizon; activation) as its own keywords.
     """
 
     obs_is_image = True
@@ -231,7 +235,8 @@ class CNNMemoryActorCritic(nn.Module):
         if isinstance(core, str):
             if core not in MEMORY_CORES:
                 raise ValueError(f"core must be one of {sorted(MEMORY_CORES)} or a memory model, got {core!r}")
-            core = MEMORY_CORES[core](out_dim, action_space, **core_kwargs)
+            shared = {k: core_kwargs.pop(k) for k in SETTINGS_FIELDS if k in core_kwargs}
+            core = MEMORY_CORES[core](MemorySettings(out_dim, action_space, **shared), **core_kwargs)
         elif core_kwargs:
             raise ValueError(f"core_kwargs {sorted(core_kwargs)} apply only when core is built here (a name)")
         if not core.recurrent or core.centralized:

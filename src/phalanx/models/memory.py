@@ -49,6 +49,11 @@ state; no gradient flows into the stored memory.
 The memory cores are components too: `LSTMCore` (an `nn.LSTMCell` with the step and fused sequence
 forwards) and `CausalTransformerCore`; models/strategy.py combines both.
 
+Every memory model takes one `MemorySettings` (inputs, action space, agents, critic) and the sizes of
+its own core as keywords: `LSTMActorCritic(settings, hidden=...)`, `TransformerActorCritic(settings,
+width=..., layers=..., heads=..., horizon=...)`, `StrategyActorCritic(settings, ...)` (models/strategy.py);
+models/registry.py builds the settings from a config once for all three.
+
 Critic: with `memory_critic` (the default unless `state_dim` is given) a value head reads the memory
 features, and `act_step` / `evaluate_seq` return values. Otherwise the critic is a memoryless MLP
 (`critic_hidden`) used through `value(critic_in)` exactly as in `MLPActorCritic`: observations
@@ -87,31 +92,47 @@ class KVCache(MemoryState):
     _batch_dims = {"k": 1, "v": 1, "pos": 0, "valid": 0}
 
 
+@dataclasses.dataclass(frozen=True)
+class MemorySettings:
+    """What every memory model shares: its inputs, its action space, the agents per env and its critic.
+    The sizes of the memory core itself (hidden, width, layers, ...) are each model's own keywords."""
+
+    obs_dim: int  # features per agent observation (on images: the CNN encoder's out_dim)
+    action_space: Space
+    num_agents: int = 1
+    agent_id: bool = False  # a one-hot agent id appended to each observation
+    state_dim: int | None = None  # the global state's size: a centralized (MAPPO) critic, memoryless
+    init_log_std: float = 0.0
+    memory_critic: bool | None = None  # None: a value head on the memory features unless state_dim is given
+    critic_hidden: tuple[int, ...] = (64, 64)  # the memoryless critic's MLP
+
+
 class _MemoryActorCritic(nn.Module):
     """Inputs, heads, critic and the public forwards; subclasses provide the memory core:
     `_step(x [B, in], state, reset [B], active [B]) -> features [B, F]` (updating state in place) and
-    `_seq(x [B, T, in], state, resets [B, T], active [B, T], idle_outputs) -> features [B, T, F]`."""
+    `_seq(x [B, T, in], state, resets [B, T], active [B, T], idle_outputs) -> features [B, T, F]`.
+    `activation` is the memoryless critic's; each model passes its own (it shapes its core too)."""
 
     recurrent = True
     obs_is_image = False
     slot_agnostic = False  # the update replays whole env segments
 
-    def __init__(self, obs_dim, action_space, features, activation, num_agents, agent_id, state_dim,
-                 init_log_std, memory_critic, critic_hidden):
+    def __init__(self, settings: MemorySettings, features: int, activation: str):
         super().__init__()
-        self.num_agents, self.agent_id, self.centralized = num_agents, agent_id, state_dim is not None
-        if memory_critic and self.centralized:
+        s = settings
+        self.num_agents, self.agent_id, self.centralized = s.num_agents, s.agent_id, s.state_dim is not None
+        if s.memory_critic and self.centralized:
             raise ValueError("a centralized critic (state_dim) is a memoryless MLP: memory_critic must be False")
-        self.memory_critic = not self.centralized if memory_critic is None else bool(memory_critic)
-        self.register_buffer("agent_eye", torch.eye(num_agents))
-        self.head = ActionHead(action_space, init_log_std)
-        self.in_dim = obs_dim + (num_agents if agent_id else 0)
+        self.memory_critic = not self.centralized if s.memory_critic is None else bool(s.memory_critic)
+        self.register_buffer("agent_eye", torch.eye(s.num_agents))
+        self.head = ActionHead(s.action_space, s.init_log_std)
+        self.in_dim = s.obs_dim + (s.num_agents if s.agent_id else 0)
         self.actor_out = layer_init(nn.Linear(features, self.head.out_dim), gain=0.01)
         if self.memory_critic:
             self.value_out = layer_init(nn.Linear(features, 1), gain=1.0)
         else:
-            critic_in = state_dim + num_agents if self.centralized else self.in_dim
-            self.critic = mlp(critic_in, tuple(critic_hidden), 1, activation, out_gain=1.0)
+            critic_in = s.state_dim + s.num_agents if self.centralized else self.in_dim
+            self.critic = mlp(critic_in, tuple(s.critic_hidden), 1, activation, out_gain=1.0)
 
     # -- inputs ------------------------------------------------------------------------------------
     def _with_id(self, x: torch.Tensor, agent_axis: int) -> torch.Tensor:
@@ -254,21 +275,8 @@ class LSTMCore(nn.LSTMCell):
 class LSTMActorCritic(_MemoryActorCritic):
     """Linear + activation encoder, an LSTM cell, linear actor (and value) heads."""
 
-    def __init__(
-        self,
-        obs_dim: int,
-        action_space: Space,
-        hidden: int = 128,
-        activation: str = "tanh",
-        num_agents: int = 1,
-        agent_id: bool = False,
-        state_dim: int | None = None,
-        init_log_std: float = 0.0,
-        memory_critic: bool | None = None,
-        critic_hidden: tuple[int, ...] = (64, 64),
-    ):
-        super().__init__(obs_dim, action_space, hidden, activation, num_agents, agent_id, state_dim,
-                         init_log_std, memory_critic, critic_hidden)
+    def __init__(self, settings: MemorySettings, hidden: int = 128, activation: str = "tanh"):
+        super().__init__(settings, hidden, activation)
         self.hidden = hidden
         self.encoder = nn.Sequential(layer_init(Linear(self.in_dim, hidden)), ACTIVATIONS[activation]())
         self.cell = LSTMCore(hidden, hidden)
@@ -394,22 +402,7 @@ class TransformerActorCritic(_CausalTransformer, _MemoryActorCritic):
     """Causal pre-LayerNorm transformer over each slot's episode, sinusoidal positions within the
     episode, a `horizon`-token KV cache per layer; see the module docstring for the semantics."""
 
-    def __init__(
-        self,
-        obs_dim: int,
-        action_space: Space,
-        width: int = 64,
-        layers: int = 2,
-        heads: int = 4,
-        horizon: int = 32,
-        activation: str = "gelu",
-        num_agents: int = 1,
-        agent_id: bool = False,
-        state_dim: int | None = None,
-        init_log_std: float = 0.0,
-        memory_critic: bool | None = None,
-        critic_hidden: tuple[int, ...] = (64, 64),
-    ):
-        super().__init__(obs_dim, action_space, width, activation, num_agents, agent_id, state_dim,
-                         init_log_std, memory_critic, critic_hidden)
+    def __init__(self, settings: MemorySettings, width: int = 64, layers: int = 2, heads: int = 4, horizon: int = 32,
+                 activation: str = "gelu"):
+        super().__init__(settings, width, activation)
         self._build(self.in_dim, width, layers, heads, horizon, activation)

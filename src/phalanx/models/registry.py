@@ -1,7 +1,7 @@
 """Model name -> builder, with the capabilities it declares (mirrors envs/registry.py).
 
 `check_model` raises every `ConfigError` a model would (before the trainer touches the run directory
-or any random state); `build_model` checks, then builds. The names and what each model is are models/kinds.py's;
+or any random state); `build_model` checks, then builds. The names and what each model is are model_kinds.py's;
 every kind has its builder here (a test keeps them equal).
 """
 
@@ -17,9 +17,9 @@ from phalanx.config import Config
 from phalanx.envs.base import VecEnv
 from phalanx.envs.spaces import Discrete
 from phalanx.errors import ConfigError
+from phalanx.model_kinds import CNN, KINDS, LSTM, MLP, ROLE_ATTENTION, STRATEGY, TRANSFORMER, ModelKind
 from phalanx.models.cnn import CNNActorCritic, CNNMemoryActorCritic
-from phalanx.models.kinds import CNN, KINDS, LSTM, MLP, ROLE_ATTENTION, STRATEGY, TRANSFORMER, ModelKind
-from phalanx.models.memory import LSTMActorCritic, TransformerActorCritic
+from phalanx.models.memory import LSTMActorCritic, MemorySettings, TransformerActorCritic
 from phalanx.models.mlp import MLPActorCritic
 from phalanx.models.protocol import ActorCritic
 from phalanx.models.role_attention import RoleAttentionActorCritic
@@ -174,31 +174,32 @@ def _check_memory(cfg: Config, env: VecEnv) -> None:
         raise ConfigError(f"config key 'param_sharing' cannot be per_role with model={cfg.model}; use shared or shared_id")
 
 
-def _memory_common(cfg: Config, env: VecEnv) -> dict:
-    return dict(num_agents=env.num_agents, agent_id=cfg.param_sharing == "shared_id", state_dim=_state_dim(cfg, env),
-                init_log_std=cfg.init_log_std, critic_hidden=tuple(cfg.hidden_sizes))
+def _memory_settings(cfg: Config, env: VecEnv) -> MemorySettings:
+    """What the three memory models share, from the config and the env (their cores' sizes are their own)."""
+    return MemorySettings(obs_dim_of(env), env.action_space, num_agents=env.num_agents,
+                          agent_id=cfg.param_sharing == "shared_id", state_dim=_state_dim(cfg, env),
+                          init_log_std=cfg.init_log_std, critic_hidden=tuple(cfg.hidden_sizes))
 
 
 def _build_lstm(cfg: Config, env: VecEnv) -> ActorCritic:
     if is_image_env(env):
         return _build_cnn(cfg, env)
-    return LSTMActorCritic(obs_dim_of(env), env.action_space, hidden=cfg.lstm_hidden, activation=cfg.activation,
-                           **_memory_common(cfg, env))
+    return LSTMActorCritic(_memory_settings(cfg, env), hidden=cfg.lstm_hidden, activation=cfg.activation)
 
 
 def _build_transformer(cfg: Config, env: VecEnv) -> ActorCritic:
     if is_image_env(env):
         return _build_cnn(cfg, env)
-    return TransformerActorCritic(obs_dim_of(env), env.action_space, width=cfg.tf_width, layers=cfg.tf_layers,
-                                  heads=cfg.tf_heads, horizon=cfg.tf_horizon, **_memory_common(cfg, env))
+    # The blocks keep the model's GELU: `activation` is not read here.
+    return TransformerActorCritic(_memory_settings(cfg, env), width=cfg.tf_width, layers=cfg.tf_layers,
+                                  heads=cfg.tf_heads, horizon=cfg.tf_horizon)
 
 
 def _build_strategy(cfg: Config, env: VecEnv) -> ActorCritic:
     # Each layer attends `horizon` steps back, so the layers together see strategy_history steps.
     horizon = -(-cfg.strategy_history // cfg.tf_layers)
-    return StrategyActorCritic(obs_dim_of(env), env.action_space, hidden=cfg.lstm_hidden, width=cfg.tf_width,
-                               layers=cfg.tf_layers, heads=cfg.tf_heads, history=horizon, activation=cfg.activation,
-                               **_memory_common(cfg, env))
+    return StrategyActorCritic(_memory_settings(cfg, env), hidden=cfg.lstm_hidden, width=cfg.tf_width,
+                               layers=cfg.tf_layers, heads=cfg.tf_heads, history=horizon, activation=cfg.activation)
 
 
 register_model(ModelSpec(MLP, _build_mlp, _no_check))

@@ -22,12 +22,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from phalanx.envs.spaces import Space
 from phalanx.models.memory import (
     CausalTransformerCore,
     KVCache,
     LSTMCore,
     LSTMState,
+    MemorySettings,
     _MemoryActorCritic,
 )
 from phalanx.models.mlp import ACTIVATIONS, Linear, layer_init
@@ -65,8 +65,7 @@ class StrategyActorCritic(_MemoryActorCritic):
 
     def __init__(
         self,
-        obs_dim: int,
-        action_space: Space,
+        settings: MemorySettings,
         hidden: int = 128,
         width: int = 64,
         layers: int = 2,
@@ -75,18 +74,12 @@ class StrategyActorCritic(_MemoryActorCritic):
         latent_tokens: int = 4,
         opponent_features: tuple[int, int] | None = None,
         activation: str = "tanh",
-        num_agents: int = 1,
-        agent_id: bool = False,
-        state_dim: int | None = None,
-        init_log_std: float = 0.0,
-        memory_critic: bool | None = None,
-        critic_hidden: tuple[int, ...] = (64, 64),
     ):
+        obs_dim = settings.obs_dim
         start, stop = opponent_features if opponent_features is not None else (obs_dim // 2, obs_dim)
         if not 0 <= start < stop <= obs_dim:
             raise ValueError(f"opponent_features {(start, stop)} is not a slice of the {obs_dim} observation features")
-        super().__init__(obs_dim, action_space, hidden, activation, num_agents, agent_id, state_dim,
-                         init_log_std, memory_critic, critic_hidden)
+        super().__init__(settings, hidden, activation)
         self.opponent_features, self.latent_tokens, self.width, self.heads = (start, stop), latent_tokens, width, heads
         self.strategy = CausalTransformerCore(stop - start, width, layers, heads, history, "gelu")
         self.to_latent = nn.Linear(width, latent_tokens * width)
