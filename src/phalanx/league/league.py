@@ -6,7 +6,7 @@ the learner's. Each env plays one opponent at a time (`assign[env]`), swapped on
 episode ended. Mix entries (config key `opponents`, e.g. `self_play:8,based:1.5,constant:0.5`):
 
 - `self_play`: past snapshots, weighted by `pool_sampling` (uniform, latest, or pfsp:
-  prioritized fictitious self-play, weight (1 - learner's score vs it)^2 + 0.05); with no snapshot
+  prioritized fictitious self-play; the strategies are league/sampling.py's); with no snapshot
   yet, the current learner plays instead.
 - `learner`: the current learner (its memory kept separately from the learner's own).
 - a scripted policy of the env (`phalanx envs` lists them).
@@ -29,6 +29,7 @@ from phalanx.checkpoint import read_tensors, section, write_tensors_atomic
 from phalanx.draws import Source, uniform
 from phalanx.errors import CheckpointError, ConfigError
 from phalanx.league.ratings import DRAW, LEARNER, LOSS, WIN, Ratings
+from phalanx.league.sampling import Candidate, pool_sampling
 from phalanx.policy import Policy, frozen_copy, load_frozen
 from phalanx.slots import LEARNER_SLOT, SlotPlan, opponent_slots
 
@@ -139,6 +140,7 @@ class League:
         # (accelerators, a captured step: no host reads) every player of the layout runs over every env.
         self.select_rows = torch.device(env.device).type == "cpu"
         self.mix = dict(parse_mix(cfg.opponents, env.scripted_names))
+        self.pool_sampling = pool_sampling(cfg.pool_sampling)
         self.learner_policy = learner_policy
         self.ratings = Ratings()
         self.learner_as_opponent = copy.copy(learner_policy)  # same weights, its own memory
@@ -182,20 +184,13 @@ class League:
         return [o for o in self.players if o is not None]
 
     # -- sampling ------------------------------------------------------------------------------------
-    def _snapshot_weights(self, snaps: list[int]) -> list[float]:
-        mode = self.cfg.pool_sampling
-        if mode == "uniform":
-            return [1.0] * len(snaps)
-        if mode == "latest":
-            newest = max(snaps, key=lambda i: self.players[i].step)
-            return [1.0 if i == newest else 0.0 for i in snaps]
-        out = []
-        for i in snaps:  # pfsp: favour snapshots the learner does not yet beat
-            p = self.ratings.players.get(self.players[i].name)
-            n = p.learner_wins + p.learner_draws + p.learner_losses if p else 0
-            score = (p.learner_wins + 0.5 * p.learner_draws) / n if n else 0.5
-            out.append((1.0 - score) ** 2 + 0.05)
-        return out
+    def _candidate(self, i: int) -> Candidate:
+        """Snapshot `players[i]` as the pool sampling sees it: its step and the learner's record against it."""
+        o = self.players[i]
+        p = self.ratings.players.get(o.name)
+        if p is None:
+            return Candidate(o.step)
+        return Candidate(o.step, p.learner_wins, p.learner_draws, p.learner_losses)
 
     def _refresh(self) -> None:
         """Recompute the sampling weights over the players (host side; between updates) into the same
@@ -212,7 +207,7 @@ class League:
             if not snaps:
                 w[self._index(LEARNER)] += sp
             else:
-                sw = self._snapshot_weights(snaps)
+                sw = self.pool_sampling([self._candidate(i) for i in snaps])
                 total = sum(sw)
                 for i, x in zip(snaps, sw):
                     w[i] = sp * x / total
