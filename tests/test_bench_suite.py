@@ -6,9 +6,10 @@ import types
 
 import pytest
 
-import phalanx_bench.main as bench
 from phalanx import profile
 from phalanx.cli import main
+from phalanx_bench import harness, reports, runners
+from phalanx_bench import sb3 as sb3_bench
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TINY = ["--num-envs", "8", "--steps", "16", "--seconds", "0.05"]
@@ -18,7 +19,7 @@ def _check_profile(p: dict) -> None:
     assert p["note"] is None, p["note"]
     assert p["cycles"] >= 1 and p["cycle_seconds"] > 0
     parts = p["parts"]
-    assert set(parts) == {k for k, _ in bench.PROFILE_PARTS}
+    assert set(parts) == {k for k, _ in reports.PROFILE_PARTS}
     assert all(v >= 0 for v in parts.values()), parts
     assert parts["env_step"] > 0 and parts["policy_forward"] > 0 and parts["update"] > 0 and parts["gae"] > 0
     assert sum(parts.values()) == pytest.approx(p["cycle_seconds"], rel=0.05)
@@ -55,21 +56,21 @@ def test_suite_json_rows_files_and_profile(tmp_path, capsys):
     assert result["machine"]["cpu_model"] in md and result["machine"]["torch"] in md
     for row in result["rows"]:
         line = next(x for x in md.splitlines() if x.startswith(f"| {row['workload']} |"))
-        assert f"| {bench._fmt(row['env']['sps'])} | {bench._fmt(row['train']['sps'])} |" in line
+        assert f"| {reports.fmt_sps(row['env']['sps'])} | {reports.fmt_sps(row['train']['sps'])} |" in line
     assert "## Update-cycle profile" in md and f"{result['profile'][0]['model_fraction']:.0%}" in md
     assert (tmp_path / "bench.png").read_bytes()[:8] == PNG_MAGIC
 
 
 def test_profile_reads_the_trainers_own_clock_and_switches_it_off(capsys, monkeypatch):
     seen = []
-    real = bench._timed_cycles
+    real = runners._timed_cycles
 
     def spy(trainer, seconds):
         assert trainer.timer.enabled  # the trainer's phases are timed, nothing of it is replaced
         seen.append(trainer)
         return real(trainer, seconds)
 
-    monkeypatch.setattr(bench, "_timed_cycles", spy)
+    monkeypatch.setattr(runners, "_timed_cycles", spy)
     assert main(["bench", "profile", "--workloads", "cartpole", *TINY, "--json"]) == 0
     captured = capsys.readouterr()
     result = json.loads(captured.out)
@@ -139,16 +140,16 @@ def test_alternating_measure_takes_turns_and_pairs_rounds():
             clock["t"] += cost * (1 if len(order) < 6 else 3)  # the machine slows down 3x from the sixth call on
         return step
 
-    real = bench.time.perf_counter
-    bench.time.perf_counter = lambda: clock["t"]
+    real = harness.time.perf_counter
+    harness.time.perf_counter = lambda: clock["t"]
     try:
-        got = bench.measure_alternating({"a": (fake_step("a", 0.25), 100), "b": (fake_step("b", 0.5), 100)},
-                                        seconds=2.0, device=bench.torch.device("cpu"), warmup=0)
+        got = harness.measure_alternating({"a": (fake_step("a", 0.25), 100), "b": (fake_step("b", 0.5), 100)},
+                                          seconds=2.0, device=harness.torch.device("cpu"), warmup=0)
     finally:
-        bench.time.perf_counter = real
+        harness.time.perf_counter = real
     assert order[:4] == ["a", "b", "a", "b"]
     assert got["a"]["windows"] == got["b"]["windows"] >= 2
-    assert bench.median_ratio(got["a"], got["b"]) == pytest.approx(2.0)
+    assert harness.median_ratio(got["a"], got["b"]) == pytest.approx(2.0)
     assert got["a"]["sps"] == pytest.approx(400.0)
 
 
@@ -167,13 +168,13 @@ def test_sb3_comparison_uses_sb3s_own_settings():
     import inspect
 
     d = {k: p.default for k, p in inspect.signature(sb3.PPO.__init__).parameters.items()}
-    s = bench.SB3_SETTINGS
+    s = sb3_bench.SB3_SETTINGS
     assert s["num_steps"] == d["n_steps"] and s["num_epochs"] == d["n_epochs"]
     assert s["num_envs"] * s["num_steps"] // s["num_minibatches"] == d["batch_size"]
     assert (s["lr"], s["gamma"], s["gae_lambda"], s["clip_coef"]) == (d["learning_rate"], d["gamma"], d["gae_lambda"], d["clip_range"])
     assert (s["ent_coef"], s["vf_coef"], s["max_grad_norm"], s["norm_adv"]) == (d["ent_coef"], d["vf_coef"], d["max_grad_norm"],
                                                                               d["normalize_advantage"])
-    cfg = bench.sb3_settings_config("unused")
+    cfg = sb3_bench.sb3_settings_config("unused")
     assert cfg.batch_size == 16384 and cfg.batch_size // cfg.num_minibatches == 64 and cfg.hidden_sizes == [64, 64]
 
 
