@@ -1,4 +1,17 @@
-"""The `phalanx` command line: train, eval, league, plot, envs, bench."""
+"""The `phalanx` command line, a shell over the modules that do the work:
+
+    phalanx train      train a policy with PPO (every config key is also a --key value option)
+    phalanx resume     continue a stopped run (train --resume RUN_DIR)
+    phalanx eval       evaluate a run's policy against scripted teams, random play or league snapshots
+    phalanx league     print a self-play run's rating table
+    phalanx plot       return and losses against steps, of one run or several
+    phalanx envs       list the environments, their spaces and options
+    phalanx check-env  check an env against the env contract (docs/ENVIRONMENTS.md)
+    phalanx sweep      train configurations x seeds in parallel processes or on Ray; resumable
+    phalanx compare    mean, IQM and 95% bootstrap CIs over seeds per configuration; curves with bands
+    phalanx export     write a run's policy as an ONNX graph, or with --package a folder to share
+    phalanx bench      throughput benchmarks (src/phalanx_bench, added through the `phalanx.commands` entry points)
+"""
 
 from __future__ import annotations
 
