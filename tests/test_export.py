@@ -259,3 +259,19 @@ def test_where_the_dynamo_exporter_fails_the_torchscript_one_writes_the_graph(tr
     assert read_contract(path)["exporter"] == export.TORCHSCRIPT
     report = lockstep(run, path, episodes=20, num_envs=2)
     assert report["actions_identical"] and max(report["max_abs_diff"].values()) < 1e-4, report
+
+
+def test_a_constant_made_while_torch_export_traces_is_not_kept():
+    """`consts.constant` caches its tensors: one first made inside torch.export's trace was a fake tensor, and the
+    next eager call got it back (a fresh `phalanx export` of a bucket_brigade run failed: ".numpy() is not
+    supported for tensor subclasses")."""
+    from phalanx.consts import constant
+
+    class AddsAConstant(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + constant((0.125, 4.5, 7.25), x.device)
+
+    torch.export.export(AddsAConstant(), (torch.zeros(3),))
+    made = constant((0.125, 4.5, 7.25), torch.device("cpu"))
+    assert type(made) is torch.Tensor
+    assert made.tolist() == [0.125, 4.5, 7.25]

@@ -12,7 +12,15 @@ import torch
 
 
 @functools.lru_cache(maxsize=512)
+def _made(values: tuple | float, device: torch.device | str, dtype: torch.dtype) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype, device=device)
+
+
 def constant(values: tuple | float, device: torch.device | str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """`torch.tensor(values)` on `device` (a number: a 0-d tensor), made on first use and shared after: never
     write into it."""
-    return torch.tensor(values, dtype=dtype, device=device)
+    if torch.compiler.is_compiling():
+        # Made inside a trace, it is the trace's own (under torch.export a fake tensor): kept, the next eager call
+        # got a fake tensor back (`phalanx export` of a fresh bucket_brigade run, issue 48).
+        return torch.tensor(values, dtype=dtype, device=device)
+    return _made(values, device, dtype)
