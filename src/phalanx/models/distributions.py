@@ -21,7 +21,7 @@ MASKED_LOGIT = _NEG  # an action a slot may not take
 def categorical_sample(logits: torch.Tensor, generator: Source) -> torch.Tensor:
     u = uniform(generator, logits.shape, logits.device, logits.dtype)
     # Gumbel-max: argmax(logits + G) with G = -log(-log u), written as a difference (the same numbers, three
-    # operations fewer a step than with clamps, #27). u = 0 (a 2^-24 chance) gives -inf: never drawn.
+    # operations fewer a step than with clamps). u = 0 (a 2^-24 chance) gives -inf: never drawn.
     return (logits - torch.log(u).neg_().log_()).argmax(-1)
 
 

@@ -24,7 +24,7 @@ class _FastTanhFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:
         # ctx in forward, not a separate setup_context: with one, every apply binds its arguments
-        # through inspect.signature (40 us a call).
+        # through inspect.signature.
         y = _sigmoid_tanh(x)
         ctx.save_for_backward(y)
         return y
@@ -36,13 +36,12 @@ class _FastTanhFunction(torch.autograd.Function):
 
 
 class FastTanh(nn.Module):
-    """tanh, in the fastest form on the device. On a CPU torch.tanh is ~3-5x slower than sigmoid on large
-    tensors and dominated the rollout: from `PLAIN_TANH_MAX_ELEMENTS` on, 2 sigmoid(2x) - 1 (one kernel;
+    """tanh, in the fastest form on the device. On a CPU torch.tanh is several times slower than sigmoid on
+    large tensors and dominated the rollout: from `PLAIN_TANH_MAX_ELEMENTS` on, 2 sigmoid(2x) - 1 (one kernel;
     abs. difference from torch.tanh < 2e-7), and in a compiled rollout a rational function (inductor fuses
-    its multiply-adds into one loop, faster than its exp: 0.46 against 0.68 ms a 16384 x 64 layer on 2
-    cores; eager, each of its ops would be a pass over memory). Training keeps the sigmoid form, compiled
-    too: there inductor recomputed the rational chain in the backward instead of saving its output (a 9%
-    slower update)."""
+    its multiply-adds into one loop, faster than its exp; eager, each of its ops would be a pass over
+    memory). Training keeps the sigmoid form, compiled too: there inductor recomputed the rational chain in
+    the backward instead of saving its output, a slower update. The timings: docs/BENCHMARKS.md."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not x.is_cpu or x.numel() <= PLAIN_TANH_MAX_ELEMENTS:
@@ -52,7 +51,7 @@ class FastTanh(nn.Module):
         if torch.compiler.is_compiling():
             return _rational_tanh(x)
         # Inference (the rollout, evaluation): the same arithmetic without autograd.Function's dispatch,
-        # which cost a small-batch rollout more than the forward itself (34k applies, 4.1 s of 21.5 s).
+        # which cost a small-batch rollout more than the forward itself.
         return _sigmoid_tanh(x)
 
 
@@ -86,8 +85,7 @@ ACTIVATIONS = {"tanh": FastTanh, "relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.Si
 
 # A layer with at most this many input features (and at least `NARROW_WEIGHT_GRAD_MIN_ROWS` rows) computes
 # its weight gradient as x^T @ grad: torch computes grad^T @ x, a product whose result is `in_features`
-# wide, which MKL runs 4-5x slower below 16 columns (16384 rows, 4 -> 64: 1.2 ms against 0.27 ms; two of
-# them were a twentieth of a large-batch update).
+# wide, which MKL runs several times slower below 16 columns (docs/BENCHMARKS.md).
 NARROW_INPUT_MAX_FEATURES = 15
 # Below this many rows the custom function's dispatch costs more than the product saves.
 NARROW_WEIGHT_GRAD_MIN_ROWS = 512
@@ -124,8 +122,8 @@ class _LinearFunction(torch.autograd.Function):
 
 # Compiled, a layer with at most this many outputs (a value or a two-action head) has both gradients
 # computed as broadcast products and sums, which inductor fuses into the kernels around them; as
-# products with an inner dimension of 1 or 2 they were separate matrix calls (a value head's backward
-# with the activation's below it: 1.16 against 0.50 ms at 16384 rows). Eager, every op would be a pass.
+# products with an inner dimension of 1 or 2 they were separate matrix calls, twice as slow in a value
+# head's backward (docs/BENCHMARKS.md). Eager, every op would be a pass.
 NARROW_OUTPUT_MAX_FEATURES = 2
 
 
@@ -379,9 +377,9 @@ class MLPActorCritic(nn.Module):
 
     def _packed_inference(self, obs: torch.Tensor) -> bool:
         """Whether actor and critic run as one packed MLP: a small CPU batch without autograd, where the
-        number of operations, not their arithmetic, is the cost (one matmul a layer for both: a 4-env
-        Acrobot step's two MLPs 83 -> 58 us, #27). Not with per-role layers or a centralised critic (their
-        inputs differ). Compiled steps take the same path, so they compute the same numbers."""
+        number of operations, not their arithmetic, is the cost (one matmul a layer for both). Not with
+        per-role layers or a centralised critic (their inputs differ). Compiled steps take the same path,
+        so they compute the same numbers."""
         return self.packable and obs.is_cpu and not torch.is_grad_enabled() \
             and obs.numel() <= PACKED_MAX_ROWS * obs.shape[-1]
 
