@@ -116,6 +116,7 @@ def test_the_graph_plays_twenty_episodes_in_lockstep_with_the_policy(name, expor
     assert [i["name"] for i in terms["inputs"]] == inputs and [o["name"] for o in terms["outputs"]] == outputs
     assert all(m["initial"] == 0 for m in terms["memory"].values())
     assert terms["exporter"].startswith("torch.onnx dynamo")
+    assert terms["checkpoint_step"] == int(sorted((path.parent.parent / "checkpoints").iterdir())[-1].name.split("_")[-1])
 
     report = lockstep(path.parent.parent, path, episodes=20, num_envs=3, seed=1)
     assert report["episodes"] >= 20 and report["actions_identical"], report

@@ -114,6 +114,7 @@ class DeployedPolicy(nn.Module):
             raise PhalanxError(f"model class {type(policy.model).__name__} cannot be exported: the deployed policy knows "
                                f"the forward of {known} only")
         frozen = frozen_copy(policy)
+        frozen.step = policy.step  # the contract names the checkpoint's step
         frozen.model.to("cpu")
         if frozen.obs_rms is not None:
             frozen.obs_rms.to("cpu")
