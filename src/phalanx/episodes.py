@@ -17,7 +17,7 @@ class EpisodeCounters:
         self.team_return = torch.zeros(num_envs, device=device)
         self.env_length = torch.zeros(num_envs, device=device)
         # Added as a tensor: a Python number is wrapped into a double tensor and cast at every add, which
-        # on a CPU costs four times the add of a few numbers (#27).
+        # on a CPU costs more than the add of a few numbers.
         self._one = torch.ones((), device=device)
 
     def step(self, reward: torch.Tensor, done: torch.Tensor, prev_active: torch.Tensor) -> torch.Tensor:
@@ -27,7 +27,7 @@ class EpisodeCounters:
 
     def add(self, reward: torch.Tensor, prev_active: torch.Tensor | None) -> None:
         """Add one step's rewards and lengths (of the slots that acted; None: every slot did)."""
-        if prev_active is None:  # no bool-to-float mask: at a few envs on a CPU, a third of this (#27)
+        if prev_active is None:  # no bool-to-float mask, which at a few envs on a CPU is most of the cost
             self.slot_return += reward
             self.slot_length += self._one
             self.team_return += reward.sum(-1)

@@ -29,7 +29,7 @@ def _map_obs_space(space: Any) -> tuple[Space, bool]:
     from gymnasium import spaces as gs
 
     if isinstance(space, gs.Box):
-        return Box(tuple(space.low.ravel().tolist()), tuple(space.high.ravel().tolist()), space.shape, _torch_dtype(space.dtype)), False
+        return Box(space.low, space.high, space.shape, _torch_dtype(space.dtype)), False
     # Discrete, Dict, Tuple, MultiBinary, ...: one flat float vector (Discrete becomes one-hot).
     flat = gs.flatten_space(space)
     if not isinstance(flat, gs.Box):
@@ -45,7 +45,7 @@ def _map_action_space(space: Any, env_id: str) -> Space:
     if isinstance(space, gs.MultiDiscrete) and space.nvec.ndim == 1:
         return MultiDiscrete(tuple(int(n) for n in space.nvec))
     if isinstance(space, gs.Box):
-        return Box(tuple(space.low.ravel().tolist()), tuple(space.high.ravel().tolist()), space.shape)
+        return Box(space.low, space.high, space.shape)
     raise ConfigError(f"gym env '{env_id}' has an unsupported action space {space}")
 
 
@@ -104,7 +104,7 @@ class GymVecEnv(VecEnv):
         probe.close()
         make_options = {**options, "render_mode": "rgb_array"} if self.renders else options
         # The sync copies are stepped here rather than by gymnasium's SyncVectorEnv, whose batching costs
-        # more than a cheap env's own step (CartPole: 77 us against 44 us for 4 copies, #27).
+        # more than a cheap env's own step (measured: docs/BENCHMARKS.md, "Hot-path choices").
         self.envs = [gym.make(env_id, **make_options) for _ in range(num_envs)] if vectorization_mode == "sync" else []
         self.vec = (AsyncVectorEnv([lambda: gym.make(env_id, **make_options) for _ in range(num_envs)],
                                    autoreset_mode=AutoresetMode.SAME_STEP) if vectorization_mode == "async" else None)
@@ -207,7 +207,7 @@ class GymVecEnv(VecEnv):
         rewards, ended = (self._step_copies if self.vec is None else self._step_async)(a, obs)
         rewards_np = np.array(rewards, np.float32).reshape(self.num_envs, 1)
         o, reward = self._tensor(obs), self._tensor(rewards_np)
-        # Tested here on the host's arrays: a third of the trainer's torch test of the tensors (#27).
+        # Tested here on the host's arrays: cheaper than the trainer's torch test of the tensors.
         finite = _finite(obs) and math.isfinite(sum(rewards))  # the list's own sum: no numpy call for a few numbers
         if not ended:
             return StepRecord(obs=o, reward=reward, terminated=self._all_false, truncated=self._all_false,
