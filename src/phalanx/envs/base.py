@@ -27,6 +27,11 @@ class StepRecord:
     where every slot is done or was already inactive. `info` values are read where the env's
     episode ended (e.g. info["houses_saved"] [N]) and averaged into the update's metrics.
 
+    `action_mask`: None (every action allowed), or bool [N, A, n] for a Discrete action space, [N, A, sum(nvec)]
+    for a MultiDiscrete one (each head's values in turn): True where the slot may take the action on `obs`.
+    It leaves every slot, active or not, at least one action (per head), and the env accepts every action it
+    allows; policies sample and play greedily over allowed actions only (docs/ENVIRONMENTS.md, Action masks).
+
     `quiet`: True where the env knows on the host, at no cost, that terminated, truncated and trial_end
     are all false and active all true (a host env's step where nothing ended): the trainer then skips its
     end-of-episode tests and writes, which on a small CPU batch cost more than the env's own step.
@@ -46,17 +51,20 @@ class StepRecord:
     state: torch.Tensor | None = None
     final_state: torch.Tensor | None = None
     info: dict[str, torch.Tensor] = field(default_factory=dict)
+    action_mask: torch.Tensor | None = None
     quiet: bool = False
     finite: bool = False
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        """Every tensor of the record by name (info's as 'info.<key>'); a state that is None is left out."""
+        """Every tensor of the record by name (info's as 'info.<key>'); a state or mask that is None is left out."""
         out = {"obs": self.obs, "reward": self.reward, "terminated": self.terminated, "truncated": self.truncated,
                "active": self.active, "trial_end": self.trial_end, "final_obs": self.final_obs}
         if self.state is not None:
             out["state"] = self.state
         if self.final_state is not None:
             out["final_state"] = self.final_state
+        if self.action_mask is not None:
+            out["action_mask"] = self.action_mask
         out.update({f"info.{k}": v for k, v in self.info.items()})
         return out
 
@@ -107,6 +115,10 @@ class VecEnv:
     # S copies of its first frame. The rollout then stores each frame once (S times less memory for
     # pixels); `phalanx check-env` checks the rule.
     frame_stack: int = 0
+    # True where slots take turns (PettingZoo's AEC games): a slot may receive reward, and the end of its
+    # episode, on a step it sat out (another slot's turn). Both belong to its last action, as PettingZoo's
+    # `last()` has them; `phalanx check-env` allows them only here.
+    turn_based: bool = False
 
     def reset(self, seed: int | None = None) -> StepRecord:
         raise NotImplementedError

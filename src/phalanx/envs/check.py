@@ -3,7 +3,9 @@ the field, what was expected and what came back.
 
 `quick=True` is the part the trainer runs before it creates the run directory: attributes, the reset
 record, one step's record, and `state_dict`. The full check adds auto-reset with `final_obs`, inactive
-slots, action validation, seeded determinism and the `state_dict` round trip. The check steps the env;
+slots, action validation, seeded determinism and the `state_dict` round trip. Where records carry an
+`action_mask`, its shape and dtype and that it leaves every slot an action are checked in every record, and
+the random actions are drawn among the actions it allows: the env must accept each one. The check steps the env;
 reset it (with a seed) before using it.
 """
 
@@ -115,6 +117,7 @@ def check_record(env: VecEnv, rec: object, where: str) -> StepRecord:
     else:
         tensor("state", (n, *env.state_space.shape), torch.float32)
         tensor("final_state", (n, *env.state_space.shape), torch.float32)
+    _check_mask(env, rec, where, tensor)
     if not isinstance(rec.info, dict):
         raise _fail(env, f"{where}() record.info must be a dict of tensors; got {type(rec.info).__name__}")
     for key, value in rec.info.items():
@@ -122,6 +125,27 @@ def check_record(env: VecEnv, rec: object, where: str) -> StepRecord:
             got = f"{list(value.shape)} on {value.device}" if isinstance(value, torch.Tensor) else type(value).__name__
             raise _fail(env, f"{where}() record.info['{key}'] must be a tensor [num_envs={n}] or [{n}, {a}] on {env.device}; got {got}")
     return rec
+
+
+def _check_mask(env: VecEnv, rec: StepRecord, where: str, tensor: Callable[[str, tuple[int, ...], torch.dtype], None]) -> None:
+    """StepRecord.action_mask: None, or bool [N, A, mask_width] for a discrete action space, leaving every
+    slot (every head) at least one action."""
+    mask, space = rec.action_mask, env.action_space
+    if mask is None:
+        return
+    if not isinstance(space, (Discrete, MultiDiscrete)):
+        raise _fail(env, f"{where}() record.action_mask is set but action_space is {space.describe()}; "
+                         "masks are for Discrete and MultiDiscrete actions (leave it None)")
+    wide = "n" if isinstance(space, Discrete) else "sum(nvec)"
+    if isinstance(mask, torch.Tensor) and mask.dtype != torch.bool:
+        raise _fail(env, f"{where}() record.action_mask must be bool (True: allowed) [N, A, {wide}]; got {_dt(mask.dtype)}")
+    tensor("action_mask", (env.num_envs, env.num_agents, space.mask_width), torch.bool)
+    empty = space.allows_nothing(mask)
+    if bool(empty.any()):
+        i, j = empty.nonzero()[0].tolist()
+        heads = isinstance(space, MultiDiscrete)
+        raise _fail(env, f"{where}() record.action_mask allows no action to {'a head of ' if heads else ''}slot {j} of env {i}; "
+                         f"a mask must leave every slot, active or not, at least one action{' per head' if heads else ''}")
 
 
 def check_state_dict(env: VecEnv) -> dict[str, torch.Tensor]:
@@ -135,9 +159,27 @@ def check_state_dict(env: VecEnv) -> dict[str, torch.Tensor]:
     return state
 
 
-def sample_actions(env: VecEnv, gen: torch.Generator) -> torch.Tensor:
-    """Uniformly random valid actions [N, A, ...] on the env's device (drawn on the CPU, so every device agrees)."""
-    return env.action_space.sample(env.num_envs, env.num_agents, gen, "cpu").to(env.device)
+def sample_actions(env: VecEnv, gen: torch.Generator, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Uniformly random valid actions [N, A, ...] on the env's device (drawn on the CPU, so every device agrees);
+    with a record's `action_mask`, uniform over the actions it allows."""
+    space = env.action_space
+    if mask is None:
+        return space.sample(env.num_envs, env.num_agents, gen, "cpu").to(env.device)
+    return space.sample(env.num_envs, env.num_agents, gen, "cpu", mask=mask.cpu()).to(env.device)
+
+
+def _step_legal(env: VecEnv, actions: torch.Tensor, prev: StepRecord, t: int) -> object:
+    """env.step(actions), the actions drawn within `prev`'s mask: a refusal breaks the mask's promise."""
+    if prev.action_mask is None:
+        return _guarded(env, "step(actions)", lambda: env.step(actions))
+    try:
+        return env.step(actions)
+    except EnvContractError:
+        raise
+    except Exception as e:
+        at = "the first step" if t < 0 else f"step {t}"
+        raise _fail(env, f"step() raised {one_line(e)} on actions the last record's action_mask allows ({at}); "
+                         "an env must accept every action its mask allows") from None
 
 
 def _guarded(env: VecEnv, what: str, fn: Callable[[], object]) -> object:
@@ -150,7 +192,7 @@ def _guarded(env: VecEnv, what: str, fn: Callable[[], object]) -> object:
 
 
 def _records_equal(a: StepRecord, b: StepRecord) -> str | None:
-    for field in ("obs", "reward", "terminated", "truncated", "active", "trial_end", "final_obs", "state"):
+    for field in ("obs", "reward", "terminated", "truncated", "active", "trial_end", "final_obs", "state", "action_mask"):
         x, y = getattr(a, field), getattr(b, field)
         if (x is None) != (y is None) or (x is not None and not torch.equal(x, y)):
             return field
@@ -164,7 +206,7 @@ def check_env(env: VecEnv, steps: int = 64, seed: int = 7, quick: bool = False) 
     first = check_record(env, _guarded(env, "reset(seed)", lambda: env.reset(seed=seed)), "reset")
     if bool(first.terminated.any() | first.truncated.any()):
         raise _fail(env, "reset() record.terminated / truncated must be all False")
-    check_record(env, _guarded(env, "step(actions)", lambda: env.step(sample_actions(env, gen))), "step")
+    check_record(env, _step_legal(env, sample_actions(env, gen, first.action_mask), first, -1), "step")
     check_state_dict(env)
     if quick:
         return
@@ -177,8 +219,8 @@ def check_env(env: VecEnv, steps: int = 64, seed: int = 7, quick: bool = False) 
     space = env.observation_space
     low, high = space.low_tensor(env.device).float(), space.high_tensor(env.device).float()
     for t in range(steps):
-        actions = sample_actions(env, gen)
-        rec = check_record(env, _guarded(env, "step(actions)", lambda a=actions: env.step(a)), "step")
+        actions = sample_actions(env, gen, prev.action_mask)
+        rec = check_record(env, _step_legal(env, actions, prev, t), "step")
         trace.append(actions)
         records.append(rec)
         # A slot that acted, goes on acting and did not end (nor did its env's episode or trial) keeps
@@ -211,9 +253,10 @@ def check_env(env: VecEnv, steps: int = 64, seed: int = 7, quick: bool = False) 
         if env.frame_stack > 1:
             _check_stack(env, prev, rec, t)
         idle = ~prev.active
-        if bool((idle & (rec.reward != 0)).any()):
+        # A turn-based env's slot may get its reward, and its end, on another slot's turn.
+        if not env.turn_based and bool((idle & (rec.reward != 0)).any()):
             raise _fail(env, f"step() record.reward must be 0 for slots that were inactive before the step (step {t})")
-        if bool((idle & (rec.terminated | rec.truncated)).any()):
+        if not env.turn_based and bool((idle & (rec.terminated | rec.truncated)).any()):
             raise _fail(env, f"step() record.terminated / truncated must be False for slots that were inactive before the step (step {t})")
         prev = rec
         _step_state_layout(env, layout, t)
@@ -233,11 +276,16 @@ def check_env(env: VecEnv, steps: int = 64, seed: int = 7, quick: bool = False) 
         return
     # state_dict round trip: restoring the state replays the same steps.
     state = {k: v.clone() for k, v in check_state_dict(env).items()}
-    replay = trace[: max(1, min(8, len(trace)))]
-    ahead = [env.step(a) for a in replay]
+    # Fresh actions from where the env stands (the replay's last record): an action of the trace may be one
+    # its mask forbids here.
+    rec, replay, ahead = records[-1] if records else again, [], []
+    for _ in range(min(8, len(trace))):
+        replay.append(sample_actions(env, gen, rec.action_mask))
+        rec = _step_legal(env, replay[-1], rec, len(trace) + len(ahead))
+        ahead.append(rec)
     _guarded(env, "load_state_dict(state_dict())", lambda: env.load_state_dict(state))
     for a, want in zip(replay, ahead):
-        got = env.step(a)
+        got = _guarded(env, "step(actions) after load_state_dict(state_dict())", lambda a=a: env.step(a))
         if (field := _records_equal(want, got)) is not None:
             raise _fail(env, f"load_state_dict(state_dict()) must restore the env: record.{field} differs after the round trip "
                              "(is the generator state saved?)")

@@ -146,8 +146,23 @@ class Discrete:
             return None
         return torch.arange(self.n) < torch.tensor(self.slot_n).unsqueeze(1)
 
-    def sample(self, num_envs: int, num_agents: int, generator: Source, device: torch.device | str) -> torch.Tensor:
-        """Uniformly random valid actions [N, A]."""
+    @property
+    def mask_width(self) -> int:
+        """The last axis of an action mask (`StepRecord.action_mask` [N, A, mask_width])."""
+        return self.n
+
+    def allows_nothing(self, mask: torch.Tensor) -> torch.Tensor:
+        """[..., A] bool: where `mask` [..., A, n] leaves a slot no action it has."""
+        valid = self.valid_actions()
+        return ~(mask if valid is None else mask & valid.to(mask.device)).any(-1)
+
+    def sample(self, num_envs: int, num_agents: int, generator: Source, device: torch.device | str,
+               mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Uniformly random valid actions [N, A]; with `mask` [N, A, n], uniform over the actions it allows."""
+        if mask is not None:
+            valid = self.valid_actions()
+            legal = mask if valid is None else mask & valid.to(mask.device)
+            return _uniform_legal(legal, generator, device)
         if not self.slot_n:
             return integers(generator, 0, self.n, (num_envs, num_agents), device)
         limits = constant(tuple(self.slot_n), device, torch.long)
@@ -216,8 +231,21 @@ class MultiDiscrete:
         gated = "".join(f", head {h} only when head {j} == {v}" for h, j, v in self.gates)
         return f"MultiDiscrete({list(self.nvec)}{gated})"
 
-    def sample(self, num_envs: int, num_agents: int, generator: Source, device: torch.device | str) -> torch.Tensor:
-        """Uniformly random actions [N, A, k]."""
+    @property
+    def mask_width(self) -> int:
+        """The last axis of an action mask: each head's values in turn (`StepRecord.action_mask` [N, A, sum(nvec)])."""
+        return sum(self.nvec)
+
+    def allows_nothing(self, mask: torch.Tensor) -> torch.Tensor:
+        """[..., A] bool: where `mask` [..., A, sum(nvec)] leaves some head of a slot no value."""
+        return torch.stack([~part.any(-1) for part in mask.split(self.nvec, -1)], -1).any(-1)
+
+    def sample(self, num_envs: int, num_agents: int, generator: Source, device: torch.device | str,
+               mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Uniformly random actions [N, A, k]; with `mask` [N, A, sum(nvec)], each head uniform over the values
+        it allows."""
+        if mask is not None:
+            return _uniform_legal(mask, generator, device, self.nvec)
         nvec = constant(tuple(self.nvec), device, torch.long)
         u = uniform(generator, (num_envs, num_agents, len(self.nvec)), device)
         return (u * nvec).long().clamp_max(nvec - 1)
@@ -234,6 +262,18 @@ class MultiDiscrete:
                 got = int(actions.reshape(-1, len(self.nvec))[:, head][bad.reshape(-1, len(self.nvec))[:, head]][0])
                 raise ActionError(f"actions[..., {head}] must lie in [0, {self.nvec[head]}) for {self.describe()}; got {got}")
         return actions
+
+
+def _uniform_legal(legal: torch.Tensor, generator: Source, device: torch.device | str,
+                   heads: tuple[int, ...] = ()) -> torch.Tensor:
+    """Uniform draws among the True entries of `legal` [N, A, width] (per head of `heads`, where given): the
+    largest of one uniform per entry, the forbidden ones out of the race. A row that allows nothing gets 0."""
+    legal = legal.to(device)
+    u = uniform(generator, tuple(legal.shape), device)
+    race = torch.where(legal, u, -1.0)
+    if not heads:
+        return race.argmax(-1)
+    return torch.stack([part.argmax(-1) for part in race.split(heads, -1)], -1)
 
 
 def _torch_dtype(dtype: Any) -> torch.dtype:

@@ -218,7 +218,14 @@ def _pack_layers(actor: MLP, critic: MLP) -> list[tuple[torch.Tensor, torch.Tens
 
 
 class ActionHead(nn.Module):
-    """Turns actor features into a distribution over the action space."""
+    """Turns actor features into a distribution over the action space.
+
+    `mask` (sample, log_prob, entropy, log_prob_entropy): the actions each slot may take now, bool
+    [..., n] for Discrete, [..., sum(nvec)] for MultiDiscrete (each head's values in turn), as
+    `StepRecord.action_mask`; None allows all. Forbidden actions are never sampled nor played greedily, and
+    log-probabilities and entropy are over the allowed ones (models/distributions.py). With None every
+    result is the unmasked one, to the bit.
+    """
 
     def __init__(self, space: Space, init_log_std: float = 0.0):
         super().__init__()
@@ -239,35 +246,53 @@ class ActionHead(nn.Module):
         else:
             raise TypeError(f"unsupported action space {space!r}")
 
-    def _logits(self, out: torch.Tensor) -> torch.Tensor:
+    def _legal(self, mask: torch.Tensor | None) -> torch.Tensor | None:
+        """The env's mask laid out as the logits (per head for MultiDiscrete) and joined with the slots' own
+        counts; None where the env masks nothing."""
+        if mask is None:
+            return None
+        if self.kind == "gaussian":
+            raise ValueError(f"an action mask is for Discrete and MultiDiscrete actions; this head's are {self.space.describe()}")
         if self.kind == "multi":
-            return D.pad_multi_logits(out, tuple(self.space.nvec))
-        if self.valid is not None:
-            return out.masked_fill(~self.valid, D.MASKED_LOGIT)
-        return out
+            return D.pad_multi_mask(mask, tuple(self.space.nvec))
+        return mask if self.valid is None else mask & self.valid
 
-    def sample(self, out: torch.Tensor, generator: Source, greedy: bool) -> torch.Tensor:
+    def _logits(self, out: torch.Tensor, legal: torch.Tensor | None = None) -> torch.Tensor:
+        if self.kind == "multi":
+            logits = D.pad_multi_logits(out, tuple(self.space.nvec))
+        elif self.valid is not None:
+            logits = out.masked_fill(~self.valid, D.MASKED_LOGIT)
+        else:
+            logits = out
+        return D.masked_logits(logits, legal)
+
+    def sample(self, out: torch.Tensor, generator: Source, greedy: bool, mask: torch.Tensor | None = None) -> torch.Tensor:
+        legal = self._legal(mask)
         if self.kind == "gaussian":
             return out if greedy else D.gaussian_sample(out, self.log_std, generator)
-        logits = self._logits(out)
-        return logits.argmax(-1) if greedy else D.categorical_sample(logits, generator)
+        logits = self._logits(out, legal)
+        return D.masked_argmax(logits, legal) if greedy else D.masked_categorical_sample(logits, legal, generator)
 
-    def log_prob(self, out: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+    def log_prob(self, out: torch.Tensor, actions: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        legal = self._legal(mask)
         if self.kind == "gaussian":
             return D.gaussian_log_prob(out, self.log_std, actions)
-        return self._gated_log_prob(D.categorical_log_prob(self._logits(out), actions), actions)
+        return self._gated_log_prob(D.categorical_log_prob(self._logits(out, legal), actions), actions)
 
-    def entropy(self, out: torch.Tensor) -> torch.Tensor:
+    def entropy(self, out: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        legal = self._legal(mask)
         if self.kind == "gaussian":
             return D.gaussian_entropy(out, self.log_std)
-        logits = self._logits(out)
+        logits = self._logits(out, legal)
         return self._gated_entropy(D.categorical_entropy(logits), logits)
 
-    def log_prob_entropy(self, out: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def log_prob_entropy(self, out: torch.Tensor, actions: torch.Tensor,
+                         mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """`log_prob` and `entropy` of the same output, computed once where they share work."""
+        legal = self._legal(mask)
         if self.kind == "gaussian":
             return D.gaussian_log_prob(out, self.log_std, actions), D.gaussian_entropy(out, self.log_std)
-        logits = self._logits(out)
+        logits = self._logits(out, legal)
         lp, ent = D.categorical_log_prob_entropy(logits, actions)
         return self._gated_log_prob(lp, actions), self._gated_entropy(ent, logits)
 
