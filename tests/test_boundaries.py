@@ -108,7 +108,7 @@ def test_update_leaves_out_a_step_whose_bootstrap_lies_beyond_the_rollout(tmp_pa
     try:
         for acts_after, left_out in ((True, 6), (False, 7)):
             trainer.collect()
-            trainer.rollout.buf["active"][10:, 1] = False  # env 1's slot parked from step 10 on
+            trainer.buffer["active"][10:, 1] = False  # env 1's slot parked from step 10 on
             rec = trainer.rollout.record
             rec.active = rec.active.clone()
             rec.active[1] = acts_after
@@ -140,8 +140,8 @@ def test_trial_end_bootstraps_from_next_trial_on_every_branch(tmp_path, model):
         try:
             trainer.rollout.final_values_whole_batch = whole_batch
             trainer.collect()
-            out[whole_batch] = {k: trainer.rollout.buf[k].clone() for k in ("next_values", "values", "trial_end", "terminated",
-                                                                     "truncated")}
+            out[whole_batch] = {k: trainer.buffer[k].clone() for k in ("next_values", "values", "trial_end", "terminated",
+                                                                "truncated")}
         finally:
             trainer.close()
     b = out[False]
@@ -340,8 +340,8 @@ def test_quiet_step_shortcuts_change_nothing(tmp_path, env):
             assert s_fast.keys() == s_full.keys() and s_fast["episodes"] > 0
             for k in s_full:
                 assert torch.equal(s_fast[k], s_full[k]), k
-            for k, buf in full.rollout.buf.items():
-                assert torch.equal(buf, fast.rollout.buf[k]), k
+            for k, buf in full.buffer.items():
+                assert torch.equal(buf, fast.buffer[k]), k
             for k, v in full.rollout.counters.state_tensors().items():
                 assert torch.equal(v, fast.rollout.counters.state_tensors()[k]), k
     finally:

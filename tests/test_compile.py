@@ -6,6 +6,8 @@ import torch
 import phalanx
 from phalanx.algo import compile_step
 from phalanx.config import resolve
+from phalanx.graphs import capture
+from phalanx.run_state import rollout_tensors
 from phalanx.trainer import Trainer
 
 CFG = dict(env="cartpole", total_steps=512 * 4, num_envs=8, num_steps=64, num_minibatches=2, progress=False,
@@ -133,17 +135,17 @@ def test_rollout_step_is_one_graph_and_draws_what_eager_draws(tmp_path, case):
                                              tensorboard=False, run_dir=str(tmp_path / name))))
     eager, captured = make("eager"), make("captured")
     try:
-        assert captured.rollout.capturable
-        captured.rollout.capture(backend="aot_eager")
+        assert captured.env.capturable
+        capture(captured.rollout, backend="aot_eager")
         for i in range(3):
             with torch._dynamo.config.patch(error_on_recompile=i > 0):
                 stats_e, stats_c = eager.collect(), captured.collect()
-            for k, buf in eager.rollout.buf.items():
-                assert torch.equal(buf, captured.rollout.buf[k]), (i, k)
+            for k, buf in eager.buffer.items():
+                assert torch.equal(buf, captured.buffer[k]), (i, k)
             for k, v in stats_e.items():
                 assert torch.equal(v, stats_c[k]), (i, k)
             eager.update(), captured.update()
-        state_e, state_c = eager.rollout.state_tensors(), captured.rollout.state_tensors()
+        state_e, state_c = rollout_tensors(eager.rollout), rollout_tensors(captured.rollout)
         assert state_e.keys() == state_c.keys()
         for k, v in state_e.items():
             assert torch.equal(v, state_c[k]), k
@@ -180,16 +182,16 @@ def test_captured_rollout_values_truncated_final_observations_as_eager_does(tmp_
                                              progress=False, tensorboard=False, run_dir=str(tmp_path / name))))
     eager, captured = make("eager"), make("captured")
     try:
-        captured.rollout.capture(backend="aot_eager")
+        capture(captured.rollout, backend="aot_eager")
         staggered, truncated_per_step = case.endswith("staggered"), set()
         for i in range(3):
             eager.collect(), captured.collect()
-            truncated = eager.rollout.buf["truncated"].flatten(2).any(2)  # [T, N]: the envs truncated at each step
+            truncated = eager.buffer["truncated"].flatten(2).any(2)  # [T, N]: the envs truncated at each step
             assert truncated.any() or staggered, i
             if truncated.any():
                 truncated_per_step.add((int(truncated.any(1).sum()), int(truncated.sum(1).max())))
-            for k, buf in eager.rollout.buf.items():
-                assert torch.equal(buf, captured.rollout.buf[k]), (i, k)
+            for k, buf in eager.buffer.items():
+                assert torch.equal(buf, captured.buffer[k]), (i, k)
         n = captured.rollout.N
         # The staggered cases see a rollout truncate on several steps, or at a step truncate some envs only.
         assert not staggered or any(steps > 1 or 0 < envs < n for steps, envs in truncated_per_step), truncated_per_step
@@ -222,13 +224,13 @@ def test_captured_league_step_is_one_graph_with_a_growing_pool(tmp_path, model):
     try:
         # The captured step's path, run eagerly: every player over every env.
         eager.league.select_rows = False
-        captured.rollout.capture(backend="aot_eager")
+        capture(captured.rollout, backend="aot_eager")
         assigned = set()
         for i in range(4):
             with torch._dynamo.config.patch(error_on_recompile=i > 0):
                 eager.collect(), captured.collect()
-            for k, buf in eager.rollout.buf.items():
-                assert torch.equal(buf, captured.rollout.buf[k]), (i, k)
+            for k, buf in eager.buffer.items():
+                assert torch.equal(buf, captured.buffer[k]), (i, k)
             for t in (eager, captured):
                 t.update()
                 t.league.end_update(32 * (i + 1), t.model, t.norms.obs)

@@ -7,6 +7,7 @@ import phalanx
 from phalanx.config import resolve
 from phalanx.envs import make
 from phalanx.envs.check import check_env
+from phalanx.run_state import state_tensors
 from phalanx.trainer import Trainer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -70,10 +71,10 @@ def test_cuda_graphs_replay_what_the_eager_run_computes(tmp_path, name, determin
                 torch.testing.assert_close(stats_g[k], stats_e[k], atol=1e-5, rtol=1e-5, msg=f"update {i}: {k}")
             for k in metrics_e:
                 torch.testing.assert_close(metrics_g[k], metrics_e[k], atol=1e-5, rtol=1e-5, msg=f"update {i}: {k}")
-        assert graphed.rollout._graph is not None and graphed._step._graphs  # recorded, and replayed since
+        assert graphed.rollout.steps.graph is not None and graphed.update_step._graphs  # recorded, and replayed since
         for (k, a), b in zip(eager.model.state_dict().items(), graphed.model.state_dict().values()):
             torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5, msg=k)
-        state_e, state_g = eager.state_tensors(), graphed.state_tensors()
+        state_e, state_g = state_tensors(eager), state_tensors(graphed)
         for k, v in state_e.items():
             if v.is_floating_point():
                 torch.testing.assert_close(state_g[k], v, atol=1e-5, rtol=1e-5, msg=k)

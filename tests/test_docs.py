@@ -164,9 +164,9 @@ OTHER_PROJECTS = {"ppo_continuous_action.py", "on_policy_algorithm.py", "buffers
 SLASHED = re.compile(r"(?<![\w./:@~$-])((?:[\w+-][\w.+-]*/)+[\w.+-]*)")
 BARE_MODULE = re.compile(r"(?<![\w./:@~$-])([A-Za-z_]\w*\.py)\b(?![\w/])")
 PLACEHOLDER = re.compile(r"\.\.\.|[*<>{}]")
-# Stale citations whose page is being rewritten elsewhere (issue 49: docs/DESIGN.md's layout sketch). Each entry
-# must still be stale: once its page is fixed, the test asks for the entry to go.
-PENDING = {("docs/DESIGN.md", "train.py is no file of the repository")}
+# Stale citations whose page is being rewritten elsewhere. Each entry must still be stale: once its page is fixed,
+# the test asks for the entry to go.
+PENDING: set[tuple[str, str]] = set()
 
 
 def cited_sources() -> list[tuple[Path, str]]:

@@ -59,6 +59,8 @@ def test_example_rollout_step_is_captured_whole_as_eager_runs_it(in_example, tmp
     import torch
 
     from phalanx.config import resolve
+    from phalanx.graphs import capture
+    from phalanx.run_state import rollout_tensors
     from phalanx.trainer import Trainer
 
     torch._dynamo.reset()
@@ -67,15 +69,15 @@ def test_example_rollout_step_is_captured_whole_as_eager_runs_it(in_example, tmp
                                              run_dir=str(tmp_path / name))))
     eager, captured = make("eager"), make("captured")
     try:
-        captured.rollout.capture(backend="aot_eager")
+        capture(captured.rollout, backend="aot_eager")
         for i in range(3):
             with torch._dynamo.config.patch(error_on_recompile=i > 0):
                 eager.collect(), captured.collect()
-            for k, buf in eager.rollout.buf.items():
-                assert torch.equal(buf, captured.rollout.buf[k]), (i, k)
+            for k, buf in eager.buffer.items():
+                assert torch.equal(buf, captured.buffer[k]), (i, k)
             eager.update(), captured.update()
-        for k, v in eager.rollout.state_tensors().items():
-            assert torch.equal(v, captured.rollout.state_tensors()[k]), k
+        for k, v in rollout_tensors(eager.rollout).items():
+            assert torch.equal(v, rollout_tensors(captured.rollout)[k]), k
     finally:
         eager.close()
         captured.close()

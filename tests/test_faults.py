@@ -1,5 +1,6 @@
 """Fault injection and bad input: NaN from envs, path safety of league snapshot names, config fuzzing."""
 
+import contextlib
 import json
 import math
 import re
@@ -13,8 +14,9 @@ from hypothesis import strategies as st
 import phalanx
 from phalanx import budget, devices
 from phalanx import build as build_module
-from phalanx.algo import ppo_batch, saved_bytes
+from phalanx.algo import saved_bytes
 from phalanx.budget import run_bytes
+from phalanx.buffer import BatchEvaluator
 from phalanx.cli import main
 from phalanx.config import FIELDS, resolve
 from phalanx.envs import make
@@ -315,12 +317,13 @@ def test_a_minibatch_whose_activations_do_not_fit_runs_in_pieces_and_says_so(tmp
     the estimate (saved tensors per row, measured on 8 and 16 rows) is what autograd keeps for a whole minibatch."""
     roomy = Trainer(resolve(dict(WIDE, run_dir=str(tmp_path / "a"))))
     try:
-        need, rows = budget.minibatch_activations(roomy.evaluate, roomy.rollout.buf, 1, False, roomy.hp, roomy.params, None)
+        evaluate = BatchEvaluator(roomy.model, contextlib.nullcontext, roomy.buffer)  # the update's forward (fp32)
+        need, rows = budget.minibatch_activations(evaluate, roomy.buffer, 1, roomy.hp, roomy.params, None)
         assert roomy.hp.update_chunks == 1 and rows == 64 * 128
-        b, shape = roomy.rollout.buf, (128, 64, 1)
+        b, shape = roomy.buffer, (128, 64, 1)
         zeros = torch.zeros(shape)
-        batch = ppo_batch(b, zeros, zeros, zeros, torch.ones(shape, dtype=torch.bool), False, None)
-        whole = saved_bytes(roomy.evaluate, batch.index(torch.arange(rows)), roomy.hp, roomy.params)
+        batch = b.ppo_batch(zeros, zeros, zeros, torch.ones(shape, dtype=torch.bool), None)
+        whole = saved_bytes(evaluate, batch.index(torch.arange(rows)), roomy.hp, roomy.params)
         assert abs(need / 2 - whole) <= 0.05 * whole, (need, whole)
     finally:
         roomy.close()
@@ -363,7 +366,7 @@ def test_the_memory_estimate_from_a_few_envs_matches_the_built_run(tmp_path, ove
     try:
         probe = make(cfg.env, num_envs=4, seed=1, **cfg.env_options)
         need = run_bytes(cfg, probe, probe.reset(seed=1), t.model)
-        held = sum(b.numel() * b.element_size() for b in t.rollout.buf.values())
+        held = sum(b.numel() * b.element_size() for b in t.buffer.values())
         assert need["rollout buffer"] == held
         full = list(t.env.step_state().values()) + list(t.env.reset(seed=1).tensors().values())
         assert need["envs"] == sum(x.numel() * x.element_size() for x in full)

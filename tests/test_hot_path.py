@@ -3,11 +3,13 @@
 import inspect
 import re
 
-from phalanx.algo import gae, ppo, ppo_batch, update_on_rollout
+from phalanx.algo import gae, normalize, ppo
+from phalanx.buffer import BatchEvaluator, RolloutBuffer
+from phalanx import graphs
 from phalanx.config import resolve
 from phalanx.episodes import EpisodeCounters
 from phalanx.models import distributions, mlp
-from phalanx.rollout import BatchEvaluator, Rollout
+from phalanx.rollout import Rollout
 from phalanx.trainer import Trainer
 from phalanx.zoo import cartpole, pendulum
 
@@ -19,8 +21,8 @@ def _code(obj) -> str:
 
 
 def test_rollout_and_update_have_no_host_reads():
-    for fn in (Rollout._collect, Rollout._checked, Rollout.value, Rollout.obs_in, Rollout.advantages, EpisodeCounters,
-               Trainer.update, BatchEvaluator.__call__, BatchEvaluator.sequence, ppo_batch, gae.compute_gae, ppo.ppo_losses,
+    for fn in (Rollout.collect, Rollout.step, Rollout._checked, Rollout.value, Rollout.obs_in, normalize.model_input, EpisodeCounters,
+               Trainer.update, BatchEvaluator.__call__, BatchEvaluator.sequence, RolloutBuffer, gae.compute_gae, ppo.ppo_losses,
                cartpole.ClassicEnv.step, pendulum.PendulumEnv._transition, distributions,
                mlp.MLPActorCritic.act, mlp.MLPActorCritic.evaluate, mlp.MLPActorCritic.value, mlp.ActionHead.sample,
                mlp.ActionHead.log_prob, mlp.ActionHead.entropy, mlp.ActionHead.to_env):
@@ -46,7 +48,7 @@ def test_rollout_reads_the_host_only_where_reading_is_free():
     # one helper, and only behind `host_branches`, which capture and CUDA graphs turn off.
     from phalanx import rollout
 
-    step, checked = _code(Rollout._step), _code(Rollout._checked)
+    step, checked = _code(Rollout.step), _code(Rollout._checked)
     assert not HOST_READS.search(step) and not HOST_READS.search(checked)
     for code in (step, checked):
         for line in code.splitlines():
@@ -57,9 +59,9 @@ def test_rollout_reads_the_host_only_where_reading_is_free():
     for line in update.splitlines():
         if "every_step_active" in line:
             assert "self.rollout.host_branches" in line, line
-    assert "unmasked_if(trained)" in _code(update_on_rollout)  # the one call, with the update's own mask
-    assert "self.host_branches = False" in _code(Rollout.static_step)
-    assert "self.static_step()" in _code(Rollout.capture) and "self.static_step()" in _code(Rollout.use_cuda_graphs)
+    assert "None if every else trained" in update  # the one read, of the update's own mask
+    assert "rollout.host_branches = False" in _code(graphs.static_step)
+    assert "static_step(rollout)" in _code(graphs.capture) and "static_step(rollout)" in _code(graphs.use_cuda_graphs)
     assert _code(rollout._read).count("bool(") == 1 and "isfinite(x.sum())" in _code(rollout._read_finite)
 
 
@@ -95,7 +97,7 @@ def test_cpu_update_drops_the_mask_only_where_every_step_was_active(tmp_path):
         t.update()
         assert t._last_batch.mask is None
         t.collect()
-        t.rollout.buf["active"][3, 1] = False  # as a slot that left mid-rollout
+        t.buffer["active"][3, 1] = False  # as a slot that left mid-rollout
         t.update()
         assert t._last_batch.mask is not None and t._last_batch.mask.sum() == t._last_batch.mask.numel() - 1
     finally:

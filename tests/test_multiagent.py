@@ -88,11 +88,11 @@ def make_trainer(tmp_path, **kw):
 def test_inactive_steps_change_nothing_in_the_update(tmp_path):
     tr = make_trainer(tmp_path, norm_value=True, critic="mappo")
     tr.collect()
-    inactive = ~tr.rollout.buf["active"]
-    assert inactive.any() and tr.rollout.buf["active"].any()
+    inactive = ~tr.buffer["active"]
+    assert inactive.any() and tr.buffer["active"].any()
     model0, opt0, norms0, gen0 = (copy.deepcopy(tr.model.state_dict()), copy.deepcopy(tr.optimizer.state_dict()),
                                   copy.deepcopy(tr.norms.state_dict()), tr.gen.get_state())
-    buf0 = {k: v.clone() for k, v in tr.rollout.buf.items()}
+    buf0 = {k: v.clone() for k, v in tr.buffer.items()}
     tr.update()
     after_a = {k: v.clone() for k, v in tr.model.state_dict().items()}
     # Rewind, scramble everything recorded at inactive steps, update again.
@@ -100,14 +100,15 @@ def test_inactive_steps_change_nothing_in_the_update(tmp_path):
     tr.optimizer.load_state_dict(opt0)
     tr.norms.load_state_dict(norms0)
     tr.gen.set_state(gen0)
-    tr.rollout.buf = {k: v.clone() for k, v in buf0.items()}
+    for k, v in buf0.items():
+        tr.buffer[k].copy_(v)
     g = torch.Generator().manual_seed(9)
     m = inactive
-    tr.rollout.buf["obs"][m] = torch.randn(int(m.sum()), 4, generator=g) * 100
-    tr.rollout.buf["rewards"][m] = torch.randn(int(m.sum()), generator=g) * 1e6
-    tr.rollout.buf["actions"][m] = torch.randint(0, 3, (int(m.sum()),), generator=g)
-    tr.rollout.buf["logprobs"][m] = torch.randn(int(m.sum()), generator=g) * 50
-    tr.rollout.buf["values"][m] = torch.randn(int(m.sum()), generator=g) * 1e3
+    tr.buffer["obs"][m] = torch.randn(int(m.sum()), 4, generator=g) * 100
+    tr.buffer["rewards"][m] = torch.randn(int(m.sum()), generator=g) * 1e6
+    tr.buffer["actions"][m] = torch.randint(0, 3, (int(m.sum()),), generator=g)
+    tr.buffer["logprobs"][m] = torch.randn(int(m.sum()), generator=g) * 50
+    tr.buffer["values"][m] = torch.randn(int(m.sum()), generator=g) * 1e3
     tr.update()
     for k, v in tr.model.state_dict().items():
         assert torch.allclose(v, after_a[k], atol=1e-6, rtol=0), k
@@ -118,14 +119,15 @@ def test_scrambling_active_steps_does_change_the_update(tmp_path):
     tr = make_trainer(tmp_path)
     tr.collect()
     model0, opt0, gen0 = copy.deepcopy(tr.model.state_dict()), copy.deepcopy(tr.optimizer.state_dict()), tr.gen.get_state()
-    buf0 = {k: v.clone() for k, v in tr.rollout.buf.items()}
+    buf0 = {k: v.clone() for k, v in tr.buffer.items()}
     tr.update()
     after_a = {k: v.clone() for k, v in tr.model.state_dict().items()}
     tr.model.load_state_dict(model0)
     tr.optimizer.load_state_dict(opt0)
     tr.gen.set_state(gen0)
-    tr.rollout.buf = buf0
-    tr.rollout.buf["rewards"][tr.rollout.buf["active"]] += 5.0 * torch.randn(int(tr.rollout.buf["active"].sum()))
+    for k, v in buf0.items():
+        tr.buffer[k].copy_(v)
+    tr.buffer["rewards"][tr.buffer["active"]] += 5.0 * torch.randn(int(tr.buffer["active"].sum()))
     tr.update()
     assert any(not torch.allclose(v, after_a[k]) for k, v in tr.model.state_dict().items())
     tr.close()
@@ -175,10 +177,10 @@ def test_centralized_critic_reads_the_global_state(tmp_path):
 
 def test_teammates_are_not_trained_or_counted(tmp_path):
     tr = make_trainer(tmp_path, teammates="zero")
-    assert tr.learner.tolist() == [True, True, False]
+    assert tr.rollout.learner.tolist() == [True, True, False]
     tr.collect()
-    assert not tr.rollout.buf["active"][..., 2].any()
-    assert (tr.rollout.buf["actions"][..., 2] == 0).all()
+    assert not tr.buffer["active"][..., 2].any()
+    assert (tr.buffer["actions"][..., 2] == 0).all()
     tr.close()
     with pytest.raises(phalanx.errors.ConfigError, match="unknown policy 'hero'; allowed: zero"):
         make_trainer(tmp_path / "x", teammates="hero")
@@ -197,11 +199,11 @@ def test_multiagent_run_logs_team_metrics(tmp_path):
 def test_frozen_checkpoint_teammate_plays_but_does_not_learn(tmp_path):
     first = phalanx.train(**{**BASE, "total_steps": 4 * 12 * 2}, run_dir=tmp_path / "first")
     tr = make_trainer(tmp_path / "second", teammates=f"run:{first.run_dir}")
-    frozen = tr.teammates.plan.players[0]
+    frozen = tr.rollout.teammates.plan.players[0]
     before = {k: v.clone() for k, v in frozen.model.state_dict().items()}
     tr.collect()
     tr.update()
-    assert not tr.rollout.buf["active"][..., 2].any() and tr.rollout.buf["active"][..., :2].any()
+    assert not tr.buffer["active"][..., 2].any() and tr.buffer["active"][..., :2].any()
     for k, v in frozen.model.state_dict().items():
         assert torch.equal(v, before[k]), k
     tr.close()
@@ -234,7 +236,7 @@ def test_memory_policy_training_forward_reproduces_the_rollout(tmp_path, model):
                           "tf_horizon": 8, "progress": False, "tensorboard": False}), run_dir=tmp_path / "r")
     tr.collect()
     tr.collect()  # the second rollout starts mid-episode, from stored memory, and crosses episode starts
-    b = tr.rollout.buf
+    b = tr.buffer
     assert b["resets"].any() and (~b["env_active"]).any(), "segments must contain episode starts and parked slots"
     # Memory resets exactly after terminated/truncated steps, never after a trial end alone.
     ended = b["terminated"] | b["truncated"]
@@ -242,7 +244,7 @@ def test_memory_policy_training_forward_reproduces_the_rollout(tmp_path, model):
     assert (b["trial_end"] & ~ended).any(), "trial ends inside an episode must occur (and keep memory)"
     seg = lambda x: x.permute(1, 2, 0, *range(3, x.dim()))  # noqa: E731
     with torch.no_grad():
-        logp, _, value = tr.model.evaluate_seq(seg(b["obs"]), seg(b["actions"]), tr.rollout.segment_start, seg(b["resets"]), seg(b["env_active"]))
+        logp, _, value = tr.model.evaluate_seq(seg(b["obs"]), seg(b["actions"]), tr.buffer.segment_start, seg(b["resets"]), seg(b["env_active"]))
     act = seg(b["env_active"])
     assert torch.allclose(logp[act], seg(b["logprobs"])[act], atol=1e-5)
     assert torch.allclose(value[act], seg(b["values"])[act], atol=1e-4)
@@ -321,7 +323,7 @@ def test_an_update_in_chunks_is_the_whole_update(tmp_path, over):
         tr = make_trainer(tmp_path / str(chunks), update_chunks=chunks, seed=5, **over)
         try:
             tr.collect()
-            assert not bool(tr.rollout.buf["active"].all())
+            assert not bool(tr.buffer["active"].all())
             metrics = tr.update()
             out.append(([p.detach().clone() for p in tr.model.parameters()], metrics))
         finally:

@@ -7,12 +7,12 @@ import torch
 
 import phalanx
 from phalanx import devices
-from phalanx.algo import ppo_batch
-from phalanx.budget import buffer_bytes, buffer_specs
+from phalanx.buffer import buffer_bytes, buffer_specs
 from phalanx.cli import main
 from phalanx.config import resolve
 from phalanx.envs import make
 from phalanx.errors import ConfigError
+from phalanx.graphs import capture
 from phalanx.models.registry import build_model
 from phalanx.trainer import Trainer
 
@@ -23,11 +23,11 @@ TINY = dict(env="pixel_goal", num_envs=4, num_steps=8, num_epochs=1, num_minibat
 def test_uint8_buffers_and_memory_estimate(tmp_path):
     t = Trainer(resolve(dict(TINY, run_dir=str(tmp_path / "r"))))
     try:
-        frames = t.rollout.buf["frames"]  # a 4-frame stack: each frame stored once, 8 steps + 3 older frames
-        assert "obs" not in t.rollout.buf and frames.dtype == torch.uint8 and frames.shape == (8 + 3, 4, 1, 72, 80)
-        assert buffer_bytes(buffer_specs(t.cfg, t.env, t.model)) == sum(b.numel() * b.element_size() for b in t.rollout.buf.values())
+        frames = t.buffer["frames"]  # a 4-frame stack: each frame stored once, 8 steps + 3 older frames
+        assert "obs" not in t.buffer and frames.dtype == torch.uint8 and frames.shape == (8 + 3, 4, 1, 72, 80)
+        assert buffer_bytes(buffer_specs(t.cfg, t.env, t.model)) == sum(b.numel() * b.element_size() for b in t.buffer.values())
         stats = t.collect()
-        assert int(t.rollout.buf["frames"].max()) <= 3 and int(t.rollout.buf["frames"].max()) > 0
+        assert int(t.buffer["frames"].max()) <= 3 and int(t.buffer["frames"].max()) > 0
         assert torch.isfinite(stats["ep_return_sum"])
         before = [p.detach().clone() for p in t.model.parameters()]
         metrics = t.update()
@@ -105,10 +105,10 @@ def _observed_and_rebuilt(t: Trainer, collects: int) -> tuple[torch.Tensor, torc
         first = t.rollout.record.obs.clone()
         seen.clear()
         t.collect()
-    adv, ret, trained = t.rollout.advantages()
-    batch = ppo_batch(t.rollout.buf, adv, ret, t.rollout.buf["values"], trained, False, None)
+    adv, ret, trained = t.buffer.advantages(t.rollout.acts_after(), t.gae)
+    batch = t.buffer.ppo_batch(adv, ret, t.buffer["values"], trained, None)
     rebuilt = batch.index(torch.arange(len(batch)))  # through index, as a minibatch is
-    return torch.stack([first, *seen[:-1]]).flatten(0, 1), rebuilt.obs, int(t.rollout.buf["stack_restarts"].sum())
+    return torch.stack([first, *seen[:-1]]).flatten(0, 1), rebuilt.obs, int(t.buffer["stack_restarts"].sum())
 
 
 @pytest.mark.parametrize("captured", [False, True])
@@ -124,11 +124,11 @@ def test_frames_stored_once_rebuild_the_observations_bit_for_bit(tmp_path, captu
         if captured:  # the same draws replayed in the captured step (its env cannot be watched from inside)
             c = Trainer(resolve(dict(cfg, run_dir=str(tmp_path / "c"))))
             try:
-                c.rollout.capture(backend="aot_eager")
+                capture(c.rollout, backend="aot_eager")
                 c.collect()
                 c.collect()
-                adv, ret, trained = c.rollout.advantages()
-                batch = ppo_batch(c.rollout.buf, adv, ret, c.rollout.buf["values"], trained, False, None)
+                adv, ret, trained = c.buffer.advantages(c.rollout.acts_after(), c.gae)
+                batch = c.buffer.ppo_batch(adv, ret, c.buffer["values"], trained, None)
                 assert torch.equal(batch.index(torch.arange(len(batch))).obs, observed)
             finally:
                 c.close()

@@ -1,9 +1,9 @@
 """The rollout step's state, named by contract (phalanx.graphs): what a CUDA graph records and replays.
 
-A recorded step reads and writes the tensors it was recorded with; `Rollout.step_state` names every tensor
+A recorded step reads and writes the tensors it was recorded with; `run_state.step_state` names every tensor
 a step reads and may replace (the env's `step_state`, records, counters, memories, the league's assignments),
 and `graphs.fold` copies a step's new values back into them. These tests run the recorded step's body on the
-CPU (no graph: `_own_step_state`, then `_folded_step` every step) and check, by walking every object the
+CPU (no graph: `graphs.own_step_state`, then `graphs.folded_step` every step) and check, by walking every object the
 rollout reaches, that no step leaves a tensor anywhere that the state does not name, and that the buffers
 equal those of the same step run plainly, bit for bit.
 """
@@ -20,7 +20,8 @@ import phalanx
 from phalanx.config import resolve
 from phalanx.draws import Draws
 from phalanx.envs import make
-from phalanx.graphs import fold, own_memory
+from phalanx.graphs import CapturedSteps, fold, folded_step, own_memory, own_step_state, static_step
+from phalanx.run_state import step_state
 from phalanx.slots import random_actions
 from phalanx.trainer import Trainer
 
@@ -77,25 +78,25 @@ def _trainer(tmp_path: Path, name: str, case: dict) -> Trainer:
     extra = LEAGUE if case["env"] == "duel" else {}
     t = Trainer(resolve(dict(case, **extra, num_envs=4, num_steps=8, num_minibatches=2, progress=False,
                              tensorboard=False, run_dir=str(tmp_path / name))))
-    t.rollout.static_step()  # the path a graph records: no host reads, every league player over every env
+    static_step(t.rollout)  # the path a graph records: no host reads, every league player over every env
     return t
 
 
 def _fold_every_step(t: Trainer) -> list[str]:
     """Run `t`'s steps as a recorded graph's body; -> the paths of tensors a step left outside the state."""
-    rollout, plain = t.rollout, t.rollout._step
+    rollout, plain = t.rollout, t.rollout.step
     strays: list[str] = []
 
     def folded(step_index, obs_n, stats):
-        recorded = rollout._own_step_state(obs_n, stats)
+        recorded = own_step_state(rollout, obs_n, stats)
         before = _reachable(rollout)
-        out = rollout._folded_step(plain, step_index, recorded, stats)
+        out = folded_step(rollout, plain, step_index, recorded, stats)
         after = _reachable(rollout)
         strays.extend(path for i, path in after.items() if i not in before)
         assert out is recorded["obs_n"]
         return out
 
-    rollout._step = folded
+    rollout.step = folded
     return strays
 
 
@@ -113,8 +114,8 @@ def test_step_state_names_everything_a_step_replaces(tmp_path, case):
         for i in range(3):
             stats_p, stats_r = plain.collect(), recorded.collect()
             assert not strays, strays[:5]
-            for k, buf in plain.rollout.buf.items():
-                assert torch.equal(buf, recorded.rollout.buf[k]), (i, k)
+            for k, buf in plain.buffer.items():
+                assert torch.equal(buf, recorded.buffer[k]), (i, k)
             for k, v in stats_p.items():
                 assert torch.equal(v, stats_r[k]), (i, k)
             for t in (plain, recorded):
@@ -141,12 +142,12 @@ def test_a_frozen_teammate_with_memory_keeps_its_memory_in_the_step_state(tmp_pa
     try:
         plain.collect(), recorded.collect()
         strays = _fold_every_step(recorded)
-        assert any(k.startswith("teammates.") for k in recorded.rollout.step_state({}))
+        assert any(k.startswith("teammates.") for k in step_state(recorded.rollout, {}))
         for i in range(2):
             plain.collect(), recorded.collect()
             assert not strays, strays[:5]
-            for k, buf in plain.rollout.buf.items():
-                assert torch.equal(buf, recorded.rollout.buf[k]), (i, k)
+            for k, buf in plain.buffer.items():
+                assert torch.equal(buf, recorded.buffer[k]), (i, k)
     finally:
         plain.close()
         recorded.close()
@@ -194,17 +195,18 @@ def test_noting_the_draws_leaves_no_trace(tmp_path, case):
     try:
         t.collect(), t.update()
         r = t.rollout
-        stats = r._new_stats()
+        steps = CapturedSteps(r)
+        stats = r.new_stats()
         obs_n = r.obs_in(r.record.obs)
-        snapshot = lambda: ({k: v.clone() for k, v in r.step_state(stats).items()},  # noqa: E731
+        snapshot = lambda: ({k: v.clone() for k, v in step_state(r, stats).items()},  # noqa: E731
                             {k: v.clone() for k, v in r.norms.state_dict().items()}, r.env.state_dict(),
                             [d.generator.get_state() for d in r.all_draws],
                             t.league.counts.clone() if t.league is not None else None)
         before = snapshot()
         with torch.no_grad():  # as in collect
-            r._note_draws(0, obs_n, stats)
+            steps.note_draws(0, obs_n, stats)
         after = snapshot()
-        assert r._planned and before[0].keys() == after[0].keys()
+        assert steps.planned and before[0].keys() == after[0].keys()
         for b, a in zip(before, after):
             for k, v in (b.items() if isinstance(b, dict) else enumerate(b) if isinstance(b, list) else [("counts", b)]):
                 if v is not None:

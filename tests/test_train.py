@@ -357,7 +357,7 @@ def test_quiet_records_are_what_they_claim_and_skipping_their_tests_changes_noth
                                  **{**SMALL, "num_envs": 4, "num_steps": 64})))
         try:
             stats = [{k: v.clone() for k, v in t.collect().items()} for _ in range(3)]
-            runs[name] = (stats, {k: v.clone() for k, v in t.rollout.buf.items()})
+            runs[name] = (stats, {k: v.clone() for k, v in t.buffer.items()})
         finally:
             t.close()
     assert seen["quiet"] > seen["loud"] > 0  # both kinds met, episodes ended
@@ -380,7 +380,7 @@ def test_bf16_autocast_trains_with_float32_buffers_and_losses(tmp_path, model):
         try:
             before = [p.detach().clone() for p in t.model.parameters()]
             result = t.train()
-            assert t.rollout.buf["logprobs"].dtype == t.rollout.buf["values"].dtype == torch.float32
+            assert t.buffer["logprobs"].dtype == t.buffer["values"].dtype == torch.float32
             assert all(p.dtype == torch.float32 and torch.isfinite(p).all() for p in t.model.parameters())
             assert any(not torch.equal(a, b) for a, b in zip(before, t.model.parameters()))
             runs_[precision] = result.history[0]["loss"]

@@ -10,14 +10,13 @@ import sys
 import torch
 
 from phalanx import devices
-from phalanx.algo import PPOParams, ppo_batch, saved_bytes
+from phalanx.algo import PPOParams, saved_bytes
 from phalanx.algo.ppo import EvaluateFn
+from phalanx.buffer import RolloutBuffer, buffer_bytes, buffer_specs
 from phalanx.config import Config
 from phalanx.envs.base import StepRecord, VecEnv
-from phalanx.envs.spaces import Box
 from phalanx.errors import ConfigError
 from phalanx.models.protocol import ActorCritic
-from phalanx.models.registry import obs_dim_of, state_dim_of
 
 # update_chunks 0 on the CPU: a minibatch piece's activations at most this. drone_swarm's update at 1,024 envs
 # (16,384-row minibatches, about 530 MiB) took 11.1 s in 4 pieces against 16.4 s whole; bucket_brigade's
@@ -25,48 +24,11 @@ from phalanx.models.registry import obs_dim_of, state_dim_of
 CPU_PIECE_BYTES = 128 * 2**20
 
 
-def buffer_specs(cfg: Config, env: VecEnv, model: ActorCritic,
-                 num_envs: int | None = None) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """Name -> (shape, dtype) of every rollout buffer (for `num_envs` envs, else the env's); image observations
-    stay uint8."""
-    T, N, A = cfg.num_steps, env.num_envs if num_envs is None else num_envs, env.num_agents
-    space = env.action_space
-    act_dtype = torch.float32 if isinstance(space, Box) else torch.long
-    stack = stored_stack(env, model)
-    if stack:  # each frame once, the stacks rebuilt by index (episodes.frame_rows)
-        frame = env.observation_space.shape[1:]
-        specs = {"frames": ((T + stack - 1, N, A, *frame), torch.uint8), "stack_restarts": ((T, N, A), torch.bool)}
-    elif model.obs_is_image:
-        specs = {"obs": ((T, N, A, *env.observation_space.shape), torch.uint8)}
-    else:
-        specs = {"obs": ((T, N, A, obs_dim_of(env)), torch.float32)}
-    specs["actions"] = ((T, N, A, *space.shape), act_dtype)
-    for k in ("logprobs", "values", "next_values", "rewards"):
-        specs[k] = ((T, N, A), torch.float32)
-    for k in ("terminated", "truncated", "active", "trial_end"):
-        specs[k] = ((T, N, A), torch.bool)
-    if model.recurrent:
-        specs["resets"] = specs["env_active"] = ((T, N, A), torch.bool)
-    if model.centralized:
-        specs["states"] = ((T, N, state_dim_of(env)), torch.float32)
-    return specs
-
-
 def most_envs(cfg: Config, env: VecEnv, record: StepRecord, model: ActorCritic, budget: float) -> int:
     """The largest num_envs whose `run_bytes` fit in `budget` bytes (they grow linearly with num_envs)."""
     total = lambda n: sum(run_bytes(dataclasses.replace(cfg, num_envs=n), env, record, model).values())  # noqa: E731
     fixed, per_env = total(0), total(1) - total(0)
     return max(0, int((budget - fixed) // per_env)) if per_env > 0 else cfg.num_envs
-
-
-def stored_stack(env: VecEnv, model: ActorCritic) -> int:
-    """The frames of a stacked pixel observation (VecEnv.frame_stack) where the rollout stores each frame once
-    (a feed-forward pixel model: the sequence replay of a memory model reads whole observations), else 0."""
-    return env.frame_stack if env.frame_stack > 1 and model.obs_is_image and not model.recurrent else 0
-
-
-def buffer_bytes(specs: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> int:
-    return sum(math.prod(shape) * torch.empty((), dtype=dt).element_size() for shape, dt in specs.values())
 
 
 def run_bytes(cfg: Config, env: VecEnv, record: StepRecord, model: ActorCritic) -> dict[str, int]:
@@ -107,16 +69,16 @@ def check_memory(cfg: Config, env: VecEnv, record: StepRecord, model: ActorCriti
     return most
 
 
-def minibatch_activations(evaluate: EvaluateFn, buf: dict[str, torch.Tensor], num_minibatches: int, recurrent: bool,
-                          hp: PPOParams, params: list[torch.Tensor], slots: torch.Tensor | None) -> tuple[int, int]:
+def minibatch_activations(evaluate: EvaluateFn, buffer: RolloutBuffer, num_minibatches: int, hp: PPOParams,
+                          params: list[torch.Tensor], slots: torch.Tensor | None) -> tuple[int, int]:
     """(bytes, rows) of one minibatch's activations at its peak: autograd's saved tensors (`saved_bytes`)
-    per row, measured on 8 and 16 rows of the (still empty) rollout buffers `buf` so that what does not grow with
+    per row, measured on 8 and 16 rows of the (still empty) rollout `buffer` so that what does not grow with
     the rows drops out, times 2 for the gradients the backward makes of them (drone_swarm at 1,024 envs:
     4 pieces lowered a run's peak by 341 MiB, where 3/4 of twice its 265 MiB of saved tensors is 398), for
     a minibatch's rows."""
-    shape, device = buf["rewards"].shape, buf["rewards"].device
+    shape, device = buffer["rewards"].shape, buffer["rewards"].device
     zeros = torch.zeros(shape, device=device)
-    batch = ppo_batch(buf, zeros, zeros, zeros, torch.ones(shape, dtype=torch.bool, device=device), recurrent, slots)
+    batch = buffer.ppo_batch(zeros, zeros, zeros, torch.ones(shape, dtype=torch.bool, device=device), slots)
     rows = -(-len(batch) // min(num_minibatches, len(batch)))
     few = min(8, max(1, len(batch) // 2))
     sizes = [saved_bytes(evaluate, batch.index(torch.arange(n, device=device)), hp, params) for n in (few, 2 * few)]

@@ -12,8 +12,6 @@ import random
 import secrets
 import sys
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -21,30 +19,24 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from phalanx import budget, devices, runs
+from phalanx import budget, devices, graphs, runs
 from phalanx import checkpoint as ckpt
-from phalanx.algo import (
-    Adam,
-    GAEParams,
-    Normalizers,
-    PPOParams,
-    compile_step,
-    minibatch_step,
-)
-from phalanx.algo.ppo import EvaluateFn, StepFn
+from phalanx.algo import Adam, Normalizers, PPOParams, compile_step, minibatch_step
+from phalanx.algo.ppo import StepFn
 from phalanx.config import Config, params_of
 from phalanx.distributed import Dist
 from phalanx.envs import make
 from phalanx.envs.base import VecEnv
 from phalanx.envs.check import check_env
 from phalanx.errors import ConfigError
-from phalanx.graphs import GraphedStep, check_graphs
+from phalanx.graphs import GraphedStep
 from phalanx.league import League, parse_mix
 from phalanx.models.protocol import ActorCritic
 from phalanx.models.registry import build_model, check_model
 from phalanx.policy import Policy, build_normalizers
 from phalanx.profile import PhaseTimer
-from phalanx.rollout import BatchEvaluator, Rollout
+from phalanx.buffer import BatchEvaluator, RolloutBuffer
+from phalanx.rollout import Rollout
 from phalanx.slots import Teammates, opponent_slots, parse_teammates
 
 PROBE_ENVS = 4  # envs of the copy an env is checked and measured on before the full one is built
@@ -52,7 +44,7 @@ PROBE_ENVS = 4  # envs of the copy an env is checked and measured on before the 
 
 @dataclass(eq=False)
 class Run:
-    """The parts of one training run, each built once by `build_run`."""
+    """The parts of one training run, each built once by `build_run` and read by the trainer."""
 
     cfg: Config
     dist: Dist
@@ -60,31 +52,24 @@ class Run:
     main: bool  # this process writes the run directory (the only one, or torchrun's rank 0)
     run_dir: Path
     resume: bool
-    env_seed: int  # this rank's envs and sampling follow their own seed stream
-    env: VecEnv
-    N: int  # envs
-    A: int  # agent slots per env
-    model: ActorCritic
+    lock: runs.RunLock | None
     threads: devices.Threads
+    timer: PhaseTimer
     most_envs: int | None  # the largest num_envs whose buffers fit in the free memory (None: unknown)
-    params: list[torch.Tensor]  # the trained parameters
-    lr: float  # the learning rate now (the optimizer holds it as a device tensor)
-    optimizer: Adam
-    hp: PPOParams
-    gae: GAEParams
-    amp: Callable[[], AbstractContextManager]  # the forward passes' autocast (precision bf16), else a null context
+    env: VecEnv
+    model: ActorCritic
     norms: Normalizers
     gen: torch.Generator  # the run's own draws: actions, minibatches, league players
-    teammates: Teammates | None  # scripted or frozen policies in some slots (`teammates`)
-    learner: torch.Tensor  # [A] bool: the slots that learn
     league: League | None  # the self-play league (`opponents`)
-    update_slots: torch.Tensor | None  # the slots the update trains where it may leave the others out
-    timer: PhaseTimer
-    rollout: Rollout
-    evaluate: EvaluateFn  # a minibatch of the rollout's samples through the model (`rollout.BatchEvaluator`)
+    rollout: Rollout  # plays the envs into `buffer`
+    buffer: RolloutBuffer
+    params: list[torch.Tensor]  # the trained parameters
+    optimizer: Adam
+    lr: float  # the learning rate now (the optimizer holds it as a device tensor)
+    hp: PPOParams
     update_step: StepFn  # one minibatch's update (`algo.minibatch_step`; compiled or a CUDA graph where asked)
     update_compiled: bool
-    lock: runs.RunLock | None
+    update_slots: torch.Tensor | None  # the slots the update trains where it may leave the others out
 
 
 def build_run(cfg: Config, run_dir: Path | None, resume: bool, dist: Dist, overwrite: bool = False) -> Run:
@@ -180,27 +165,28 @@ def _build(cfg: Config, run_dir: Path | None, resume: bool, dist: Dist, parts: d
     partial_learner = not bool(learner.all())
     update_slots = learner.nonzero().squeeze(1) if model.slot_agnostic and partial_learner else None
     timer = PhaseTimer(device)
-    rollout = Rollout(cfg, env, model, norms, learner, gen, None if model.recurrent else model.act_value, amp, timer,
-                      teammates, league, seed=env_seed)
-    evaluate = BatchEvaluator(model, amp, rollout)
+    # Sized before the env was built (budget.run_bytes, checked above).
+    buffer = RolloutBuffer(cfg, env, model)
+    rollout = Rollout(cfg, env, model, buffer, norms, learner, gen, None if model.recurrent else model.act_value, amp,
+                      timer, teammates, league, seed=env_seed)
+    evaluate = BatchEvaluator(model, amp, buffer)
     hp = params_of(PPOParams, cfg)
     if not cfg.update_chunks:
-        need, rows = budget.minibatch_activations(evaluate, rollout.buf, cfg.num_minibatches, model.recurrent, hp, params,
-                                                  update_slots)
+        need, rows = budget.minibatch_activations(evaluate, buffer, cfg.num_minibatches, hp, params, update_slots)
         hp = replace(hp, update_chunks=budget.auto_chunks(need, rows, device, announce))
     step = minibatch_step(evaluate, optimizer, hp, sync_grads=dist.average_grads if dist.enabled else None)
     if cfg.compile:
         # Shapes are fixed for the whole run (num_envs, minibatch sizes), so each compiles once (twice
         # where a remainder makes two minibatch sizes); the update step and, where the env allows,
         # the rollout step are captured whole.
-        rollout.compile()
+        graphs.compile_rollout(rollout)
         step = compile_step(step, dynamic=False)
     if cfg.cuda_graphs:
-        check_graphs(device)
+        graphs.check_graphs(device)
         if dist.enabled:
             raise ConfigError("config key 'cuda_graphs' is not supported with torchrun yet (gradients are averaged "
                               "between ranks inside the step); train without it")
-        rollout.use_cuda_graphs()
+        graphs.use_cuda_graphs(rollout)
         step = GraphedStep(step, device)
     # Validated: now the run takes its seeds and its directory.
     torch.manual_seed(cfg.seed)
@@ -216,8 +202,7 @@ def _build(cfg: Config, run_dir: Path | None, resume: bool, dist: Dist, parts: d
             if overwrite:
                 runs.clear_run_dir(run_dir)
     dist.barrier()
-    return Run(cfg=cfg, dist=dist, device=device, main=main, run_dir=run_dir, resume=resume, env_seed=env_seed, env=env,
-               N=N, A=A, model=model, threads=threads, most_envs=fits, params=params, lr=cfg.lr, optimizer=optimizer, hp=hp,
-               gae=params_of(GAEParams, cfg), amp=amp, norms=norms, gen=gen, teammates=teammates, learner=learner,
-               league=league, update_slots=update_slots, timer=timer, rollout=rollout, evaluate=evaluate, update_step=step,
-               update_compiled=cfg.compile, lock=lock)
+    return Run(cfg=cfg, dist=dist, device=device, main=main, run_dir=run_dir, resume=resume, lock=lock, threads=threads,
+               timer=timer, most_envs=fits, env=env, model=model, norms=norms, gen=gen, league=league, rollout=rollout,
+               buffer=buffer, params=params, optimizer=optimizer, lr=cfg.lr, hp=hp,
+               update_step=step, update_compiled=cfg.compile, update_slots=update_slots)

@@ -1,21 +1,22 @@
-"""--cuda-graphs: the rollout step and the minibatch update step recorded once as CUDA graphs and
-replayed, so each costs one launch instead of hundreds of small ones.
+"""The rollout step and the minibatch update step, captured: under --compile the rollout step is compiled
+whole (`capture`); under --cuda-graphs each is recorded once as a CUDA graph and replayed, so each costs one
+launch instead of hundreds of small ones (`CapturedSteps` for the rollout, `GraphedStep` for the update).
 
 A graph replays the kernels of one recorded call on the same memory. An eager step becomes
 replayable when (1) what it reads arrives at fixed addresses: the caller copies fresh inputs (the
 minibatch's rows, the rollout's batch, the random draws) into static buffers before each replay, and
 (2) the state it carries to the next call comes back to those addresses. The rollout step's state is
-named, by contract, as one flat dict of tensors (`Rollout.step_state`: the env's `step_state`, the
+named, by contract, as one flat dict of tensors (`run_state.step_state`: the env's `step_state`, the
 records, counters, memories and league assignments); a step may replace those tensors rather than
 write them in place (`self.x = torch.where(...)`). Before recording, `own_memory` gives every entry
 memory of its own; at the end of the recorded step, inside the graph, `fold` copies the new values
-into the recorded tensors, and the caller puts them back (`load_step_state`). Every replay then reads
-and writes the same memory, as the eager loop would. Modules' parameters and buffers are written in
+into the recorded tensors, and the caller puts them back (`run_state.load_step_state`). Every replay then
+reads and writes the same memory, as the eager loop would. Modules' parameters and buffers are written in
 place by contract (optimizer, normalisers), so they are not part of the state.
 """
-
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -23,7 +24,10 @@ from typing import Any
 import torch
 
 from phalanx.algo.ppo import PPOBatch
+from phalanx.checkpoint import section
 from phalanx.errors import ConfigError
+from phalanx.rollout import Rollout, Steps
+from phalanx.run_state import load_step_state, step_state
 
 
 def own_memory(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -137,3 +141,197 @@ class GraphedStep:
         self._graphs[n] = (g, out)
         g.replay()
         return out
+
+
+# -- the rollout step, captured -------------------------------------------------------------------
+def static_step(rollout: Rollout) -> None:
+    """The step a graph takes: no host reads, no shape that depends on values. The critic runs over every
+    final observation (selecting the truncated rows is a host read), no quiet-step shortcut, and the
+    league runs every player over every env."""
+    rollout.final_values_whole_batch = True
+    rollout.host_branches = False
+    if rollout.league is not None:
+        rollout.league.select_rows = False
+
+
+def compile_rollout(rollout: Rollout, backend: str = "inductor") -> None:
+    """--compile: the whole step captured where the env is capturable (`capture`), else the policy's act_value
+    compiled alone."""
+    if rollout.env.capturable:
+        capture(rollout, backend)
+    elif rollout.act_value is not None:
+        rollout.act_value = torch.compile(rollout.act_value, dynamic=False, backend=backend)
+
+
+def capture(rollout: Rollout, backend: str = "inductor") -> None:
+    """Compile the rollout step whole (torch.compile fullgraph: a graph break raises), for an env that declares
+    itself capturable (every model, teammates and league opponents included: they draw through `draws`, write
+    memory in place, and a captured league runs every player of its fixed layout). Its first call runs eagerly
+    and notes the random draws a step makes; later calls replay them in the graph."""
+    if not rollout.env.capturable:
+        raise ValueError("this rollout step cannot be captured whole (its env does not declare capturable = True)")
+    static_step(rollout)
+    if rollout.device.type == "cpu":
+        # ... except on the CPU, where reading which slots were truncated is free: V(final_obs) runs after
+        # each captured step, over the envs truncated at it, as the eager step calls the critic. The same
+        # rows per call give the same bits (the CPU's matrix products round by row count: valuing every
+        # step's truncated rows in one call after the loop put bootstraps 1e-6 from eager's). In the step,
+        # over every env, it was a second transformer forward a step on trial_nav and a fifth of a
+        # compiled 4096-env cartpole collect.
+        rollout.final_values_whole_batch, rollout.finals_after_step = False, True
+    steps = _captured_steps(rollout)
+    steps.t_index = [torch.tensor([t], device=rollout.device) for t in range(rollout.cfg.num_steps)]
+    steps.captured = torch.compile(rollout.step, fullgraph=True, dynamic=False, backend=backend)
+    steps.planned = False
+
+
+def use_cuda_graphs(rollout: Rollout) -> None:
+    """--cuda-graphs: after one eager step that notes the random draws and two warm-up steps, one step
+    is recorded as a CUDA graph and every later step replays it."""
+    if not rollout.env.capturable:
+        raise ConfigError("config key 'cuda_graphs' needs an env that declares capturable = True")
+    check_graphs(rollout.device)
+    try:
+        rollout.env.step_state()
+    except NotImplementedError:
+        raise ConfigError(f"config key 'cuda_graphs' needs an env that names its step state (step_state and "
+                          f"load_step_state, docs/ENVIRONMENTS.md); env '{rollout.env.name}' does not") from None
+    static_step(rollout)
+    _captured_steps(rollout).graphed = True
+
+
+def _captured_steps(rollout: Rollout) -> CapturedSteps:
+    if not isinstance(rollout.steps, CapturedSteps):
+        rollout.steps = CapturedSteps(rollout)
+    return rollout.steps
+
+
+class CapturedSteps(Steps):
+    """How `Rollout.collect` runs its steps under --compile (`captured`: the step compiled whole, replaying the
+    noted plan of draws) and --cuda-graphs (`graphed`: eager, or compiled, until a step is recorded as a CUDA
+    graph, then its replays)."""
+
+    def __init__(self, rollout: Rollout):
+        super().__init__(rollout)
+        self.captured: Callable | None = None
+        self.t_index: list[torch.Tensor] = []
+        self.planned = False  # the plan of draws a step makes is noted (`note_draws`)
+        self.graphed = False
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.warm_steps = 0
+        self.stats: dict[str, torch.Tensor] | None = None  # what a recorded graph adds into
+        self.layout = 0  # the league's layout the graph was recorded with
+
+    def start(self) -> dict[str, torch.Tensor]:
+        r = self.rollout
+        if r.league is not None and self.graph is not None and self.layout != r.league.layout:
+            self.forget()  # the league's bank grew: record the step again
+        if self.graphed and self.stats is not None:  # a CUDA graph adds into the tensors it was recorded with
+            for v in self.stats.values():
+                v.zero_()
+            self.stats["env_first_bad_step"].fill_(-1.0)
+            return self.stats
+        stats = r.new_stats()
+        if self.graphed:
+            self.stats = stats
+        return stats
+
+    def forget(self) -> None:
+        self.graph, self.warm_steps = None, 0
+
+    def __call__(self, t: int, obs_n: torch.Tensor, stats: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self._graph_step(t, obs_n, stats) if self.graphed else self._compiled_step(t, obs_n, stats)
+
+    def draw_contexts(self, mode: str, queues: list[list[torch.Tensor]] | None = None) -> contextlib.ExitStack:
+        """The policy's and the env's draws in one mode: 'recording', 'ahead' or 'replaying' (from `queues`)."""
+        stack = contextlib.ExitStack()
+        for i, d in enumerate(self.rollout.all_draws):
+            stack.enter_context(d.recording() if mode == "recording" else d.ahead() if mode == "ahead" else d.replaying(queues[i]))
+        return stack
+
+    def note_draws(self, t: int, obs_n: torch.Tensor, stats: dict[str, torch.Tensor]) -> None:
+        """The plan of draws a step makes (phalanx.draws), noted by one eager step whose every effect is then
+        undone: the step state, normalisers, the league's game counts and the generators are put back as they
+        were (the buffer's row `t` is written again by the step that follows). So every step after a start or a
+        resume runs captured, and a resumed --compile run follows the uninterrupted one bit for bit."""
+        r = self.rollout
+        record, state = r.record, {k: v.clone() for k, v in step_state(r, stats).items()}
+        norms = {k: v.clone() for k, v in r.norms.state_dict().items()}
+        counts = r.league.counts.clone() if r.league is not None else None
+        generators = [d.generator.get_state() for d in r.all_draws]
+        with self.draw_contexts("recording"):
+            r.step(t, obs_n, stats)
+        for key in stats.keys() - section(state, "stats").keys():
+            stats[key].zero_()  # an info key first seen in the noted step: counted from the step that follows
+        r.record = record
+        load_step_state(r, state, stats)
+        r.norms.load_state_dict(norms)
+        if counts is not None:
+            r.league.counts.copy_(counts)
+        for d, g in zip(r.all_draws, generators):
+            d.generator.set_state(g)
+        self.planned = True
+
+    def _compiled_step(self, t: int, obs_n: torch.Tensor, stats: dict[str, torch.Tensor]) -> torch.Tensor:
+        """One step under --compile: the captured step, replaying the noted plan of draws."""
+        r = self.rollout
+        if not self.planned:
+            self.note_draws(t, obs_n, stats)
+        with self.draw_contexts("ahead"):
+            obs_n = self.captured(self.t_index[t], obs_n, stats)
+        if r.finals_after_step:
+            nv = r.buffer.row("next_values", t)
+            nv.copy_(r.final_values(r.record, nv))
+        return obs_n
+
+    def _graph_step(self, t: int, obs_n: torch.Tensor, stats: dict[str, torch.Tensor]) -> torch.Tensor:
+        """One step under --cuda-graphs: eager (or compiled) until the graph is recorded, then a replay."""
+        r = self.rollout
+        step = self.captured or r.step
+        if self.graph is None:
+            if not self.planned:
+                self.note_draws(t, obs_n, stats)
+            if self.warm_steps < 2:
+                self.warm_steps += 1
+                side = warm_stream(r.device)
+                with torch.cuda.stream(side), self.draw_contexts("ahead"):
+                    out = step(self.t_index[t] if self.captured else t, obs_n, stats)
+                torch.cuda.current_stream(r.device).wait_stream(side)
+                return out
+            self._record_graph(step, obs_n, stats)
+        if obs_n is not self._graph_obs:
+            self._graph_obs.copy_(obs_n)
+        self._graph_t.fill_(t)
+        for d, queue in zip(r.all_draws, self._graph_queues):
+            d.refill(queue)
+        self.graph.replay()
+        return self._graph_obs
+
+    def _record_graph(self, step: Callable, obs_n: torch.Tensor, stats: dict[str, torch.Tensor]) -> None:
+        r = self.rollout
+        self._graph_t = torch.zeros(1, dtype=torch.long, device=r.device)
+        self._graph_queues = [d.buffers() for d in r.all_draws]
+        self.layout = r.league.layout if r.league is not None else 0
+        recorded = own_step_state(r, obs_n.clone(), stats)
+        graph = torch.cuda.CUDAGraph()
+        with self.draw_contexts("replaying", self._graph_queues), torch.cuda.graph(graph):
+            self._graph_obs = folded_step(r, step, self._graph_t, recorded, stats)
+        self.graph = graph
+
+
+def own_step_state(rollout: Rollout, obs_n: torch.Tensor, stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The rollout's step state (run_state.step_state, and the step's input observation as 'obs_n'), each tensor
+    in memory of its own (`own_memory`), handed back to its holders: what a recorded step reads and writes."""
+    recorded = own_memory({**step_state(rollout, stats), "obs_n": obs_n})
+    load_step_state(rollout, recorded, stats)
+    return recorded
+
+
+def folded_step(rollout: Rollout, step: Callable, t: int | torch.Tensor, recorded: dict[str, torch.Tensor],
+                stats: dict[str, torch.Tensor]) -> torch.Tensor:
+    """One step from `recorded` (`own_step_state`) that leaves its new state in those same tensors (`fold`) and
+    hands them back: the body of a recorded CUDA graph. -> the next observation."""
+    obs_n = step(t, recorded["obs_n"], stats)
+    fold(recorded, {**step_state(rollout, stats), "obs_n": obs_n})
+    load_step_state(rollout, recorded, stats)
+    return recorded["obs_n"]

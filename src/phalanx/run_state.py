@@ -1,24 +1,60 @@
-"""A training run's checkpoint: what it holds besides the weights (optimizer moments, normalisers, the rollout's envs
-and memory, the league, every RNG), written through checkpoint.py's atomic format and put back for `--resume`."""
+"""What a run carries over, by name: a checkpoint (what it holds besides the weights: optimizer moments, normalisers,
+the rollout's envs and memory, the league, every RNG), written through checkpoint.py's atomic format and put back
+for `--resume`; and the rollout step's state (`step_state`), which a captured step reads and replaces (graphs.py)."""
 
 from __future__ import annotations
 
 import json
 import random
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from phalanx import checkpoint as ckpt
 from phalanx import runs
-from phalanx.build import Run
-from phalanx.envs.base import generator_state, set_generator_state
+from phalanx.algo import Adam, Normalizers
+from phalanx.config import Config
+from phalanx.distributed import Dist
+from phalanx.envs.base import StepRecord, VecEnv, generator_state, set_generator_state
+from phalanx.episodes import EpisodeCounters
 from phalanx.errors import CheckpointError
-from phalanx.league import LEAGUE_FILE
+from phalanx.league import LEAGUE_FILE, League
+from phalanx.models.protocol import ActorCritic
+from phalanx.slots import Teammates
+
+
+class Playing(Protocol):
+    """What a rollout (rollout.Rollout) carries from one step to the next, and from a checkpoint to a resume."""
+
+    device: torch.device
+    env: VecEnv
+    record: StepRecord  # the record acted on next
+    counters: EpisodeCounters
+    prev_done: torch.Tensor  # [N, A]: the slots whose memory resets at the next step
+    memory: Any  # the learner's memory (models/state.py)
+    teammates: Teammates | None
+    league: League | None
+
+
+class Checkpointed(Protocol):
+    """What a checkpoint saves and puts back: the parts of a training run (trainer.Trainer) it reads."""
+
+    cfg: Config
+    dist: Dist
+    main: bool  # this process writes the run directory
+    run_dir: Path
+    device: torch.device
+    model: ActorCritic
+    params: list[torch.Tensor]
+    optimizer: Adam
+    lr: float
+    norms: Normalizers
+    rollout: Playing
+    league: League | None
+    gen: torch.Generator
 
 
 @dataclass
@@ -30,7 +66,7 @@ class Counters:
     recent_returns: list[float] = field(default_factory=list)
 
 
-def state_tensors(run: Run) -> dict[str, torch.Tensor]:
+def state_tensors(run: Checkpointed) -> dict[str, torch.Tensor]:
     """Every tensor a resume needs besides the weights: optimizer moments, normalisers, the
     rollout (envs, records, episode counters, memory), the league and the RNG states."""
     out: dict[str, torch.Tensor] = {}
@@ -39,7 +75,7 @@ def state_tensors(run: Run) -> dict[str, torch.Tensor]:
             if torch.is_tensor(v):
                 out[f"optim.{i}.{k}"] = v
     out.update({f"norms.{k}": v for k, v in run.norms.state_dict().items()})
-    out.update(run.rollout.state_tensors())
+    out.update(rollout_tensors(run.rollout))
     if run.league is not None:
         out.update(run.league.state_tensors())
     out["trainer.rng"] = generator_state(run.gen)
@@ -47,7 +83,7 @@ def state_tensors(run: Run) -> dict[str, torch.Tensor]:
     return out
 
 
-def save(run: Run, at: Counters) -> Path:
+def save(run: Checkpointed, at: Counters) -> Path:
     """Checkpoint `run` at `at` (every rank takes part; rank 0 writes), with the league's file and the metric CSVs."""
     py_state = random.getstate()
     np_state = np.random.get_state()
@@ -80,7 +116,7 @@ def save(run: Run, at: Counters) -> Path:
     return path
 
 
-def restore(run: Run, path: Path) -> Counters:
+def restore(run: Checkpointed, path: Path) -> Counters:
     """Put checkpoint `path` back into `run` (weights, optimizer, learning rate, normalisers, rollout, league, RNGs);
     -> the loop's counters it was written at."""
     model_t, state_t, meta = ckpt.load_checkpoint(path)
@@ -99,7 +135,7 @@ def restore(run: Run, path: Path) -> Counters:
                                       for k, v in st.items()}
     set_lr(run, float(meta["lr"][0]))
     run.norms.load_state_dict(ckpt.section(state_t, "norms", dev))
-    run.rollout.load_state(state_t, partial(ckpt.section, state_t))
+    load_rollout(run.rollout, state_t)
     if run.league is not None:
         run.league.load(_league_state(run.run_dir, path, meta), state_t)
     set_generator_state(run.gen, state_t["trainer.rng"])
@@ -111,7 +147,67 @@ def restore(run: Run, path: Path) -> Counters:
     return Counters(int(meta["global_step"]), int(meta["update"]), list(meta.get("recent_returns", [])))
 
 
-def set_lr(run: Run, lr: float) -> None:
+def rollout_tensors(rollout: Playing) -> dict[str, torch.Tensor]:
+    """The envs in play, their records, episode counters and memory (keys as checkpoints store them)."""
+    out = {f"env.{k}": v for k, v in rollout.env.state_dict().items()}
+    rec = rollout.record
+    out["record.obs"], out["record.active"] = rec.obs, rec.active
+    if rec.state is not None:
+        out["record.state"] = rec.state
+    out.update({f"trainer.{k}": v for k, v in rollout.counters.state_tensors().items()})
+    out["trainer.prev_done"] = rollout.prev_done
+    out.update({f"memory.{k}": v for k, v in rollout.memory.tensors().items()})
+    return out
+
+
+def load_rollout(rollout: Playing, tensors: dict[str, torch.Tensor]) -> None:
+    """Put `rollout_tensors` back (from a checkpoint's tensors, on any device): new tensors, which a recorded CUDA
+    graph does not read (the trainer has its steps recorded again: `Steps.forget`)."""
+    dev = rollout.device
+    rollout.env.load_state_dict(ckpt.section(tensors, "env"))
+    rec = rollout.record
+    rec.obs = tensors["record.obs"].to(dev)
+    rec.active = tensors["record.active"].to(dev)
+    if "record.state" in tensors:
+        rec.state = tensors["record.state"].to(dev)
+    rollout.counters.load_state(ckpt.section(tensors, "trainer"))
+    if "trainer.prev_done" in tensors:  # older checkpoints of memoryless runs lack it (it resets teammates' memory)
+        rollout.prev_done = tensors["trainer.prev_done"].to(dev)
+    rollout.memory = type(rollout.memory).of({k: v.to(dev) for k, v in ckpt.section(tensors, "memory").items()})
+
+
+def step_state(rollout: Playing, stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Every tensor a rollout step reads and may replace, by name (graphs.py): the env's `step_state`, the record
+    acted on, the slots' pending resets, episode counters, the learner's, teammates' and league players' memories,
+    the league's assignments and the collect's `stats`. Buffers, parameters and normalisers are written in place."""
+    out = {f"env.{k}": v for k, v in rollout.env.step_state().items()}
+    out.update({f"record.{k}": v for k, v in rollout.record.tensors().items()})
+    out.update({f"counters.{k}": v for k, v in rollout.counters.state_tensors().items()})
+    out["prev_done"] = rollout.prev_done
+    out.update({f"memory.{k}": v for k, v in rollout.memory.tensors().items()})
+    if rollout.teammates is not None:
+        out.update({f"teammates.{k}": v for k, v in rollout.teammates.plan.step_state().items()})
+    if rollout.league is not None:
+        out.update({f"league.{k}": v for k, v in rollout.league.step_state().items()})
+    out.update({f"stats.{k}": v for k, v in stats.items()})
+    return out
+
+
+def load_step_state(rollout: Playing, state: dict[str, torch.Tensor], stats: dict[str, torch.Tensor]) -> None:
+    """Take `state` (the names of `step_state`) as the rollout's own tensors, as they are."""
+    rollout.env.load_step_state(ckpt.section(state, "env"))
+    rollout.record = rollout.record.with_tensors(ckpt.section(state, "record"))
+    rollout.counters.load_state(ckpt.section(state, "counters"))
+    rollout.prev_done = state["prev_done"]
+    rollout.memory = type(rollout.memory).of(ckpt.section(state, "memory"))
+    if rollout.teammates is not None:
+        rollout.teammates.plan.load_step_state(ckpt.section(state, "teammates"))
+    if rollout.league is not None:
+        rollout.league.load_step_state(ckpt.section(state, "league"))
+    stats.update(ckpt.section(state, "stats"))
+
+
+def set_lr(run: Checkpointed, lr: float) -> None:
     """The learning rate from now on (the optimizer's device tensor, changed in place: a captured step reads it)."""
     run.lr = lr
     run.optimizer.param_groups[0]["lr"].fill_(lr)

@@ -1,7 +1,8 @@
-"""The training loop: collect -> update -> summarise -> log -> checkpoint, over a run's parts (build.py).
-
-`Trainer.iteration` is one PPO iteration; `Trainer.train` runs them with logging, progress and checkpoints (saved
-and restored by run_state.py). `train()` is the Python entry point (`phalanx.train`).
+"""The training loop over a run's parts (build.py). PPO's order is on one screen, each line the real call:
+`Trainer.collect` (play into the rollout buffer, bootstrap), `Trainer.update` (advantages, value targets, the
+minibatch layout, epochs of minibatch steps) and `Trainer.iteration` (both, then the metrics row). `Trainer.train`
+runs iterations with logging, progress and checkpoints (saved and restored by run_state.py); `train()` is the
+Python entry point (`phalanx.train`).
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ import torch
 
 from phalanx import checkpoint as ckpt
 from phalanx import faults, run_state, runs
-from phalanx.algo import compile_step, update_on_rollout
-from phalanx.build import Run, build_run
-from phalanx.config import Config, load_file, resolve
+from phalanx.algo import GAEParams, compile_step, normalised_values, ppo_update
+from phalanx.build import build_run
+from phalanx.config import Config, load_file, params_of, resolve
 from phalanx.distributed import Dist
 from phalanx.envs import registry
 from phalanx.errors import ConfigError, NonFiniteEnvError, NonFiniteLossError, Stopped, StorageError
@@ -46,16 +47,29 @@ class RunResult:
     history: list[dict[str, Any]] = field(default_factory=list)
 
 
-class Trainer(Run):
-    """One training run: its parts (`Run`, built from the config by `build_run`) and the loop over them."""
+class Trainer:
+    """One training run: the parts `build_run` makes of the config (build.Run says what each is), and PPO's loop
+    over them (`collect`, `update`, `iteration`; `train` adds the log, the progress and the checkpoints)."""
 
     def __init__(self, cfg: Config, run_dir: Path | None = None, resume: bool = False, overwrite: bool = False):
         dist = Dist()
         try:
-            super().__init__(**vars(build_run(cfg, run_dir, resume, dist, overwrite)))
+            run = build_run(cfg, run_dir, resume, dist, overwrite)
         except BaseException:
             dist.close()
             raise
+        # Where the run lives and what it runs on.
+        self.cfg, self.dist, self.device, self.main = run.cfg, run.dist, run.device, run.main
+        self.run_dir, self.resume, self.lock, self.threads, self.timer = run.run_dir, run.resume, run.lock, run.threads, run.timer
+        self.most_envs = run.most_envs
+        # What plays: the envs, the model, the rollout that plays them into the buffer.
+        self.env, self.model, self.norms, self.gen, self.league = run.env, run.model, run.norms, run.gen, run.league
+        self.rollout, self.buffer = run.rollout, run.buffer
+        # What learns: the parameters, their optimizer and the update.
+        self.params, self.optimizer, self.lr, self.hp = run.params, run.optimizer, run.lr, run.hp
+        self.gae = params_of(GAEParams, cfg)  # how advantages are estimated: gamma, gae_lambda, trial_bootstrap
+        self.update_step, self.update_compiled, self.update_slots = run.update_step, run.update_compiled, run.update_slots
+        self.A = self.env.num_agents
         self.global_step = 0
         self.update_idx = 0
         self.recent_returns: list[float] = []
@@ -72,22 +86,36 @@ class Trainer(Run):
         self.update_step = compile_step(self.update_step, dynamic=False, backend=backend)
         self.update_compiled = True
 
-    # -- one iteration ---------------------------------------------------------------------------
+    # -- one PPO iteration, in order ------------------------------------------------------------
     def collect(self) -> dict[str, torch.Tensor]:
+        """Play `num_steps` of every env into the buffer (rollout.py: act, fill the other slots, step the envs,
+        write the buffer's row, count episodes), then fill in the bootstrap of every step not truncated
+        (buffer.py); -> the episode statistics, 0-d tensors."""
         torch.set_num_threads(self.threads.collect)
-        return self.rollout.collect()
+        with self.timer.phase("collect"):
+            stats = self.rollout.collect()
+            self.buffer.bootstrap(self.rollout.value_after())
+        return stats
 
     def update(self) -> dict[str, torch.Tensor]:
+        """Advantages by GAE (algo/gae.py), the value targets in the critic's units, the samples laid out for
+        minibatches (buffer.py), then epochs of minibatch steps (algo/ppo.py: `update_step` is `minibatch_step`,
+        forward, losses, backward, clip and Adam, compiled or a CUDA graph where asked); -> the update's mean
+        metrics, 0-d tensors."""
         torch.set_num_threads(self.threads.update)
         with self.timer.phase("update"):
             if self.cfg.anneal_lr:
                 run_state.set_lr(self, self.cfg.lr * (1.0 - self.update_idx / max(1, self.num_updates)))
-            # Not compiled: a step without the mask would be a second graph, compiled again.
-            unmasked = self.rollout.every_step_active if not self.update_compiled and self.rollout.host_branches else None
-            metrics, self._last_batch = update_on_rollout(
-                self.rollout.buf, self.rollout.acts_after(), self.update_step, self.hp, self.gae,
-                value_norm=self.norms.value, recurrent=self.model.recurrent, slots=self.update_slots, generator=self.gen,
-                unmasked_if=unmasked, sync_mean=self.dist.mean if self.dist.enabled else None, phase=self.timer.phase)
+            with self.timer.phase("gae"):
+                adv, ret, trained = self.buffer.advantages(self.rollout.acts_after(), self.gae)
+            values, ret = normalised_values(self.buffer["values"], ret, trained, self.norms.value)
+            # Where every sample trains no mean of any minibatch need test a mask; read where reading is free, and
+            # not compiled, where a step without the mask would be a second graph.
+            every = not self.update_compiled and self.rollout.host_branches and self.rollout.every_step_active(trained)
+            batch = self.buffer.ppo_batch(adv, ret, values, None if every else trained, self.update_slots)
+            metrics = ppo_update(self.update_step, batch, self.hp, generator=self.gen,
+                                 sync_mean=self.dist.mean if self.dist.enabled else None)
+        self._last_batch = batch
         return metrics
 
     def iteration(self) -> dict[str, Any]:
@@ -250,6 +278,7 @@ class Trainer(Run):
 
     def restore(self, path: Path) -> None:
         at = run_state.restore(self, path)
+        self.rollout.steps.forget()  # a recorded CUDA graph reads the tensors the restore replaced
         self.global_step, self.update_idx, self.recent_returns = at.global_step, at.update_idx, at.recent_returns
         self._last_ckpt_step, self._last_ckpt_time = self.global_step, time.monotonic()
 

@@ -2,7 +2,7 @@
 
 from phalanx.algo.adam import Adam, adam_update
 from phalanx.algo.gae import GAEParams, compute_gae, pending_bootstrap
-from phalanx.algo.normalize import Normalizers, RewardScaler, RunningMeanStd
+from phalanx.algo.normalize import Normalizers, RewardScaler, RunningMeanStd, model_input, normalised_values
 from phalanx.algo.ppo import (
     PPOBatch,
     PPOParams,
@@ -14,10 +14,9 @@ from phalanx.algo.ppo import (
     ppo_update,
     saved_bytes,
 )
-from phalanx.algo.update import advantages, normalised_values, ppo_batch, update_on_rollout
 
 __all__ = [
-    "Adam", "GAEParams", "Normalizers", "PPOBatch", "PPOParams", "RewardScaler", "RunningMeanStd", "compute_gae", "explained_variance",
-    "adam_update", "advantages", "compile_step", "masked_mean", "minibatch_step", "normalised_values", "pending_bootstrap", "ppo_batch", "ppo_losses",
-    "ppo_update", "saved_bytes", "update_on_rollout",
+    "Adam", "GAEParams", "Normalizers", "PPOBatch", "PPOParams", "RewardScaler", "RunningMeanStd", "compute_gae",
+    "explained_variance", "adam_update", "compile_step", "masked_mean", "minibatch_step", "model_input",
+    "normalised_values", "pending_bootstrap", "ppo_losses", "ppo_update", "saved_bytes",
 ]

@@ -53,6 +53,18 @@ class RunningMeanStd(nn.Module):
         return y * torch.sqrt(self.var.to(y.dtype) + 1e-8) + self.mean.to(y.dtype)
 
 
+def normalised_values(values: torch.Tensor, returns: torch.Tensor, trained: torch.Tensor,
+                      value_norm: RunningMeanStd | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, returns) in the units the critic learns: as they are, or, with `value_norm`, normalised. The clip
+    window is centred on what the critic output at collection: `values` in the units of the statistics it was
+    denormalised with, i.e. before `value_norm` folds in the new returns (which it does here, in place)."""
+    if value_norm is None:
+        return values, returns
+    values = value_norm.normalize(values)
+    value_norm.update(returns, trained)
+    return values, value_norm.normalize(returns)
+
+
 def model_input(obs: torch.Tensor, obs_dims: int, image: bool, stats: RunningMeanStd | None, clip: float,
                 fold: torch.Tensor | None = None) -> torch.Tensor:
     """The model's input from observations [*batch, *obs_shape] (`obs_dims` axes of them), the one preprocess of

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+import dataclasses
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -87,12 +88,10 @@ class PPOBatch:
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The batch's tensors by field name; fields that are None are left out."""
-        out = {"obs": self.obs, "critic_obs": self.critic_obs, "actions": self.actions, "logprobs": self.logprobs,
-               "advantages": self.advantages, "returns": self.returns, "values": self.values, "mask": self.mask,
-               "rows": self.rows, "resets": self.resets, "env_active": self.env_active, "frames": self.frames}
-        return {k: v for k, v in out.items() if v is not None}
+        return {name: t for name in _FIELDS if (t := getattr(self, name)) is not None}
 
     def index(self, idx: torch.Tensor) -> PPOBatch:
+        """The samples `idx`: every per-sample field gathered (a field added to the batch is gathered as these)."""
         # index_select is several times faster than advanced indexing on CPU; a critic that reads
         # the observations themselves must not gather them twice.
         def pick(t: torch.Tensor) -> torch.Tensor:
@@ -104,9 +103,16 @@ class PPOBatch:
         if self.frames is not None:
             obs = self.frames[obs]
         critic_obs = obs if self.critic_obs is self.obs else pick(self.critic_obs)
-        return PPOBatch(obs, critic_obs, *(pick(t) for t in (
-            self.actions, self.logprobs, self.advantages, self.returns, self.values,
-        )), *(None if t is None else pick(t) for t in (self.mask, self.rows, self.resets, self.env_active)))
+        picked = {}
+        for name in _SAMPLE_FIELDS:
+            t = getattr(self, name)
+            picked[name] = None if t is None else pick(t)
+        return PPOBatch(obs, critic_obs, **picked)
+
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(PPOBatch))
+# What a sample carries besides its observations (and the stored frames they index).
+_SAMPLE_FIELDS = tuple(name for name in _FIELDS if name not in ("obs", "critic_obs", "frames"))
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

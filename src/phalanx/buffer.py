@@ -1,0 +1,222 @@
+"""The rollout buffer (the role of Stable-Baselines3's RolloutBuffer, on the device): every per-step field of a
+rollout, declared once in `fields`; the rows the rollout writes each step; the bootstrap filled in after its
+loop; the advantages (algo/gae.py); and the samples laid out for the update's minibatches (`ppo_batch`:
+segments for memory models, rows otherwise) and run through the model (`BatchEvaluator`).
+
+A new per-step field (an action mask, say) is:
+1. one `Field` in `fields`: its name, dtype, shape after [T, N, A] and when it is kept; `sample=True` lays it out
+   for the minibatches as every other sample field, under the same name;
+2. a field of that name in `PPOBatch` (algo/ppo.py, default None), which `PPOBatch.index` gathers as the rest;
+3. its row written each step in `Rollout.step` (`self.buffer.write("action_mask", t, mask)`), and its use in the
+   loss (`batch.action_mask` in `ppo_losses`) or in the forward (`BatchEvaluator`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+
+import torch
+
+from phalanx.algo.gae import GAEParams, compute_gae, pending_bootstrap
+from phalanx.algo.ppo import PPOBatch
+from phalanx.config import Config
+from phalanx.envs.base import VecEnv
+from phalanx.envs.spaces import Box
+from phalanx.episodes import frame_index
+from phalanx.models.protocol import ActorCritic
+from phalanx.models.registry import obs_dim_of, state_dim_of
+
+
+@dataclass(frozen=True)
+class Field:
+    """One per-step field: [T, N, A, *shape] of `dtype` ([T, N, *shape] where `per_env`; `extra_rows` more rows
+    before the first step). `sample`: laid out for the minibatches as `PPOBatch.<name>`."""
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...] = ()
+    per_env: bool = False
+    sample: bool = False
+    extra_rows: int = 0
+
+    def size(self, T: int, N: int, A: int) -> tuple[int, ...]:
+        return (T + self.extra_rows, N, *(() if self.per_env else (A,)), *self.shape)
+
+
+def stored_stack(env: VecEnv, model: ActorCritic) -> int:
+    """The frames of a stacked pixel observation (VecEnv.frame_stack) where the rollout stores each frame once
+    (a feed-forward pixel model: the sequence replay of a memory model reads whole observations), else 0."""
+    return env.frame_stack if env.frame_stack > 1 and model.obs_is_image and not model.recurrent else 0
+
+
+def fields(env: VecEnv, model: ActorCritic) -> list[Field]:
+    """The buffer's fields for `model` on `env`: per model (memory models' episode starts and active flags),
+    critic (MAPPO's global state) and frame stack (each frame once); image observations stay uint8."""
+    f32, flag = torch.float32, torch.bool
+    stack = stored_stack(env, model)
+    if stack:  # the stacks rebuilt by index (episodes.frame_rows)
+        out = [Field("frames", torch.uint8, env.observation_space.shape[1:], extra_rows=stack - 1),
+               Field("stack_restarts", flag)]
+    elif model.obs_is_image:
+        out = [Field("obs", torch.uint8, env.observation_space.shape)]
+    else:
+        out = [Field("obs", f32, (obs_dim_of(env),))]
+    space = env.action_space
+    out += [Field("actions", f32 if isinstance(space, Box) else torch.long, space.shape, sample=True),
+            Field("logprobs", f32, sample=True), Field("values", f32), Field("next_values", f32), Field("rewards", f32),
+            Field("terminated", flag), Field("truncated", flag), Field("active", flag), Field("trial_end", flag)]
+    if model.recurrent:
+        out += [Field("resets", flag, sample=True), Field("env_active", flag, sample=True)]
+    if model.centralized:
+        out.append(Field("states", f32, (state_dim_of(env),), per_env=True))
+    return out
+
+
+def buffer_specs(cfg: Config, env: VecEnv, model: ActorCritic,
+                 num_envs: int | None = None) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Name -> (shape, dtype) of every field, for `num_envs` envs (else the env's)."""
+    N = env.num_envs if num_envs is None else num_envs
+    return {f.name: (f.size(cfg.num_steps, N, env.num_agents), f.dtype) for f in fields(env, model)}
+
+
+def buffer_bytes(specs: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> int:
+    return sum(math.prod(shape) * torch.empty((), dtype=dt).element_size() for shape, dt in specs.values())
+
+
+class RolloutBuffer(Mapping[str, torch.Tensor]):
+    """A rollout's fields on the device, by name (`fields`), and what the update reads of them."""
+
+    def __init__(self, cfg: Config, env: VecEnv, model: ActorCritic):
+        self.fields = fields(env, model)
+        T, N, A, device = cfg.num_steps, env.num_envs, env.num_agents, env.device
+        self.tensors = {f.name: torch.zeros(f.size(T, N, A), dtype=f.dtype, device=device) for f in self.fields}
+        # Every field's rows as views, made once: an eager step's write is one copy, not an index and a copy.
+        self._rows = {k: v.unbind(0) for k, v in self.tensors.items()}
+        self.recurrent = model.recurrent
+        self.frame_stack = stored_stack(env, model)
+        self.num_agents = A
+        # The learner's memory at the rollout's start, which the update replays each segment from.
+        self.segment_start = model.initial_state(N * A, device)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.tensors[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.tensors)
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.tensors
+
+    # -- written by the rollout ------------------------------------------------------------------
+    def start(self, acting: torch.Tensor, obs: torch.Tensor, memory) -> None:
+        """Before a rollout's first step: the rows a quiet step leaves unwritten (StepRecord.quiet: no flag set,
+        every learner slot `acting`), the older frames of the first observation `obs` where each step stores its
+        newest, and the learner's `memory` as the rollout starts."""
+        b = self.tensors
+        for name in ("terminated", "truncated", "trial_end"):
+            b[name].zero_()
+        b["active"].copy_(acting)
+        if self.frame_stack:
+            b["frames"][: self.frame_stack - 1].copy_(obs.movedim(2, 0)[: self.frame_stack - 1])
+        self.segment_start = memory.clone()
+
+    def write(self, name: str, t: int | torch.Tensor, x: torch.Tensor) -> None:
+        """Row `t` of field `name`: an int row, or a [1] index tensor (one captured graph serves every row)."""
+        if isinstance(t, int):
+            self._rows[name][t].copy_(x)
+        else:
+            buf = self.tensors[name]
+            buf.index_copy_(0, t, x.to(buf.dtype).unsqueeze(0))
+
+    def row(self, name: str, t: int) -> torch.Tensor:
+        """Row `t` of field `name`, a view."""
+        return self._rows[name][t]
+
+    def write_frame(self, t: int | torch.Tensor, frame: torch.Tensor) -> None:
+        """The newest frame of step t's observation, in frames row t + S - 1 (see `frame_index`)."""
+        if isinstance(t, int):
+            self._rows["frames"][t + self.frame_stack - 1].copy_(frame)
+        else:
+            self.tensors["frames"].index_copy_(0, t + (self.frame_stack - 1), frame.unsqueeze(0))
+
+    def bootstrap(self, value_after: torch.Tensor) -> None:
+        """After the loop, each step's bootstrap where it was not truncated (docs/DESIGN.md section 2): the value
+        step t+1 computed of the observation that follows step t, in its one forward (the same input, so the
+        same value as a critic call after the env step); after the last step, `value_after`."""
+        nv, trunc = self.tensors["next_values"], self.tensors["truncated"]
+        nv[-1] = torch.where(trunc[-1], nv[-1], value_after)
+        nv[:-1] = torch.where(trunc[:-1], nv[:-1], self.tensors["values"][1:])
+
+    # -- read by the update ----------------------------------------------------------------------
+    def advantages(self, acts_after: torch.Tensor,
+                   gae: GAEParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(advantages, returns, trained) [T, N, A] by GAE (`compute_gae`); `acts_after` [N, A]: the slots that act
+        right after the rollout. `trained` is `active` less the steps whose bootstrap lies beyond the rollout
+        (`pending_bootstrap`: a slot that acts at no later step, nor right after it), which the update leaves out."""
+        b = self.tensors
+        adv, ret = compute_gae(b["rewards"], b["values"], b["next_values"], b["terminated"], b["truncated"], gae.gamma,
+                               gae.gae_lambda, active=b["active"], trial_end=b["trial_end"],
+                               trial_bootstrap=gae.trial_bootstrap, active_after=acts_after)
+        pending = pending_bootstrap(b["active"], b["terminated"], b["truncated"], acts_after, b["trial_end"],
+                                    gae.trial_bootstrap)
+        return adv, ret, b["active"] & ~pending
+
+    def ppo_batch(self, advantages: torch.Tensor, returns: torch.Tensor, values: torch.Tensor,
+                  mask: torch.Tensor | None, slots: torch.Tensor | None) -> PPOBatch:
+        """The samples laid out for minibatches, with the update's `advantages`, `returns` and `values` [T, N, A]
+        and `mask` (the samples that train; None: every one). Feed-forward: rows are (step, env) pairs with the
+        agent axis whole (per-role layers see their slots; `slots` keeps only those the update trains). Memory
+        models: rows are envs, each keeping its whole [A, T] segment so the sequence forward can replay it from
+        `segment_start`."""
+        b = self.tensors
+        mask = None if mask is None else mask.float()
+        if self.recurrent:
+            seg = lambda x: x.permute(1, 2, 0, *range(3, x.dim()))  # noqa: E731 [T, N, A, ...] -> [N, A, T, ...]
+            obs = seg(b["obs"])
+            return PPOBatch(
+                obs=obs, critic_obs=b["states"].transpose(0, 1) if "states" in b else obs, advantages=seg(advantages),
+                returns=seg(returns), values=seg(values), mask=None if mask is None else seg(mask),
+                rows=torch.arange(obs.shape[0], device=obs.device), **self._samples(seg))
+        flat = lambda x: (x if slots is None else x.index_select(2, slots)).flatten(0, 1)  # noqa: E731
+        stored = "frames" in b  # stacked pixels kept once: the samples index them, minibatches gather them
+        obs = flat(frame_index(b["frames"], b["stack_restarts"]) if stored else b["obs"])
+        return PPOBatch(
+            obs=obs, critic_obs=flat(b["states"]) if "states" in b else obs, advantages=flat(advantages),
+            returns=flat(returns), values=flat(values), mask=None if mask is None else flat(mask),
+            frames=b["frames"].flatten(0, 2) if stored else None, **self._samples(flat))
+
+    def _samples(self, layout: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {f.name: layout(self.tensors[f.name]) for f in self.fields if f.sample}
+
+
+class BatchEvaluator:
+    """A minibatch of the rollout's samples through the current model -> (log-prob, entropy, value), float32 (the
+    losses' dtype): feed-forward models in one forward; memory models replay each segment from the memory stored
+    at the rollout's start (`RolloutBuffer.segment_start`, read at each call)."""
+
+    def __init__(self, model: ActorCritic, amp: Callable[[], AbstractContextManager], buffer: RolloutBuffer):
+        self.model, self.amp, self.buffer = model, amp, buffer
+
+    def __call__(self, part: PPOBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        with self.amp():
+            if self.model.recurrent:
+                logp, ent, value = self.sequence(part)
+            else:
+                logp, ent, value = self.model.evaluate_value(part.obs, part.actions, part.critic_obs)
+        return logp.float(), ent.float(), value.float()  # the losses stay in float32
+
+    def sequence(self, part: PPOBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        A = self.buffer.num_agents
+        slots = (part.rows.unsqueeze(1) * A + torch.arange(A, device=part.rows.device)).reshape(-1)
+        start = self.buffer.segment_start.select(slots)
+        logp, ent, value = self.model.evaluate_seq(part.obs, part.actions, start, part.resets, part.env_active,
+                                                   idle_outputs=False)
+        if value is None:  # memoryless critic: the global state [B, T, S] -> [B, T, A] -> [B, A, T]
+            value = self.model.value(part.critic_obs).transpose(-1, -2) if self.model.centralized else self.model.value(part.critic_obs)
+        return logp, ent, value
