@@ -1,0 +1,94 @@
+"""The reference players of bench/games (issue 50's proof): a perfect tic-tac-toe player and a depth-limited
+connect-four search, plain callables over PettingZoo's observation dicts."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("pettingzoo")
+pytest.importorskip("pygame")  # PettingZoo's classic games import it
+
+from pettingzoo.classic import connect_four_v3, tictactoe_v3  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # bench.games, as `phalanx eval --vs bench.games.tictactoe:act` imports it
+
+from bench.games import connect_four, tictactoe  # noqa: E402
+from bench.games.play import play, random_player  # noqa: E402
+
+
+def board(mine=(), theirs=(), rows=3, cols=3):
+    """An observation dict with the mover's pieces at `mine`, the opponent's at `theirs` (flat indices)."""
+    obs = np.zeros((rows * cols, 2), np.int8)
+    obs[list(mine), 0] = 1
+    obs[list(theirs), 1] = 1
+    mask = (obs.sum(1) == 0).astype(np.int8)
+    if rows == 6:  # connect four: a column is open while its top cell is empty
+        mask = mask.reshape(rows, cols)[0].copy()
+    return {"observation": obs.reshape(rows, cols, 2), "action_mask": mask}
+
+
+def test_the_perfect_player_reads_the_game():
+    assert tictactoe.move_values(0, 0) and max(tictactoe.move_values(0, 0).values()) == 0  # a draw from the start
+    assert tictactoe.act(board(mine=(0, 1), theirs=(3, 4))) == 2  # it wins at once rather than block
+    assert tictactoe.act(board(mine=(0, 8), theirs=(3, 4))) == 5  # it blocks the middle row
+    assert tictactoe.act(board(mine=(0, 8), theirs=(4, 2))) == 6  # it blocks the diagonal
+
+
+@pytest.mark.parametrize("seat", [0, 1])
+def test_the_perfect_player_never_loses_to_random_play(seat):
+    env = tictactoe_v3.env()
+    first, second = env.possible_agents
+    outcomes = []
+    for game in range(150):
+        players = {first: random_player(game), second: tictactoe.player(game)}
+        if seat == 0:
+            players = {first: tictactoe.player(game), second: random_player(game)}
+        outcomes.append(play(env, players)[(first, second)[seat]])
+    assert min(outcomes) >= 0, "a loss"
+    assert sum(o > 0 for o in outcomes) > (120 if seat == 0 else 90)  # and it wins most of them
+
+
+def test_the_perfect_player_draws_against_itself():
+    env = tictactoe_v3.env()
+    first, second = env.possible_agents
+    assert play(env, {first: tictactoe.act, second: tictactoe.act}) == {first: 0.0, second: 0.0}
+    for game in range(40):  # ties broken at random: other lines, still draws
+        assert play(env, {first: tictactoe.player(game), second: tictactoe.player(1000 + game)}) == {first: 0.0, second: 0.0}
+
+
+def test_the_search_wins_at_once_and_blocks_a_threat():
+    c4 = dict(rows=6, cols=7)
+    bottom = [35 + c for c in range(7)]
+    three = board(mine=bottom[1:4], theirs=(28 + 1, 28 + 2), **c4)
+    assert connect_four.player(1)(three) in (0, 4)  # four in the bottom row
+    threat = board(mine=(bottom[5], bottom[6], 28 + 5), theirs=bottom[0:3], **c4)
+    assert connect_four.player(2)(threat) == 3  # the opponent's three must be blocked
+    assert max(connect_four.move_values(threat, 2).values()) > -connect_four.WIN // 2  # blocked, it is no loss
+    assert connect_four.move_values(threat, 2)[4] < -connect_four.WIN // 2  # elsewhere, the opponent wins
+    assert connect_four.player(1)(board(**c4)) == 3  # the centre on an empty board
+
+
+def test_the_search_at_depth_4_beats_random_play():
+    env = connect_four_v3.env()
+    first, second = env.possible_agents
+    wins = 0
+    for game in range(40):
+        search, rand = connect_four.player(4, seed=game), random_player(game)
+        seats = {first: search, second: rand} if game % 2 == 0 else {first: rand, second: search}
+        wins += play(env, seats)[first if game % 2 == 0 else second] > 0
+    assert wins / 40 > 0.9
+
+
+def test_a_board_the_mask_contradicts_and_an_illegal_move_are_refused():
+    wrong = board(mine=(0,), theirs=(4,))
+    wrong["action_mask"][0] = 1
+    with pytest.raises(ValueError, match="the action_mask allows"):
+        tictactoe.act(wrong)
+    env = tictactoe_v3.env()
+    first, second = env.possible_agents
+    with pytest.raises(ValueError, match="which its action_mask forbids"):
+        play(env, {first: lambda obs: 4, second: lambda obs: 4})
