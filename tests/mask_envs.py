@@ -6,7 +6,8 @@ highest allowed action (per head). Episodes last 4 steps. `space`: "discrete" (D
 (MultiDiscrete((3, 2)): the mask holds 3 + 2 entries) or "box" (Box actions, for the refusal of a mask on
 them). `defect` breaks one rule of the mask contract: "shape" (one entry too many), "dtype" (uint8),
 "empty" (env 0, slot 1 allowed nothing, or nothing on its second head, from the second step on),
-"refuses" (action 0 refused even where the mask allows it).
+"refuses" (action 0 refused even where the mask allows it), "undeclared" (masks without `action_masks = True`),
+"missing" (`action_masks = True` and no mask).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ SPACES = {"discrete": Discrete(5), "multi": MultiDiscrete((3, 2)), "box": Box.un
 class MaskedPick(VecEnv):
     name = "masked_pick"
     num_agents = 2
+    action_masks = True
 
     def __init__(self, num_envs: int = 1, device: str = "cpu", seed: int = 0, space: str = "discrete", defect: str = ""):
         self.num_envs, self.device = num_envs, torch.device(device)
@@ -29,6 +31,7 @@ class MaskedPick(VecEnv):
         self.width = sum(self.heads)
         self.observation_space = Box.uniform(0.0, 1.0, (self.width,))
         self.defect = defect
+        self.action_masks = defect != "undeclared"
         self.roles = self.default_roles()
         self._seed_generator(seed)
         self.stepped = False
@@ -58,7 +61,7 @@ class MaskedPick(VecEnv):
         false = torch.zeros(n, 2, dtype=torch.bool, device=self.device)
         return StepRecord(obs=obs, reward=reward, terminated=false, truncated=ended.clone(), active=~false,
                           trial_end=false.clone(), final_obs=obs if final_obs is None else final_obs,
-                          info={"episode_length": done.float() * 4}, action_mask=mask)
+                          info={"episode_length": done.float() * 4}, action_mask=None if self.defect == "missing" else mask)
 
     def reset(self, seed: int | None = None) -> StepRecord:
         self._seed_generator(seed)

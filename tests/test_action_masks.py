@@ -233,6 +233,8 @@ def test_check_env_passes_a_masked_env_stepping_only_legal_actions(space):
     ("multi", "empty", "allows no action to a head of slot 1 of env 0"),
     ("discrete", "refuses", "step() raised ActionError: action 0 refused on actions the last record's action_mask allows"),
     ("box", "", "record.action_mask is set but action_space is Box"),
+    ("discrete", "undeclared", "reset() record.action_mask is set but the env does not declare action_masks = True"),
+    ("multi", "missing", "reset() record.action_mask is None but the env declares action_masks = True"),
 ])
 def test_check_env_refuses_a_broken_mask_in_one_line(space, defect, message, capsys):
     with pytest.raises(EnvContractError, match="masked_pick"):

@@ -202,3 +202,16 @@ def test_multi_dimensional_boxes_map_with_their_bounds():
     assert torch.equal(space.high_tensor(), torch.from_numpy(high))
     act = _map_action_space(gs.Box(-low - 1, high, dtype=np.float32), "x")
     assert act.shape == (4, 4, 3) and torch.equal(act.low_tensor(), torch.from_numpy(-low - 1))
+
+
+def test_turn_observations_give_players_pettingzoos_own_dicts():
+    """A player written against PettingZoo (the observation dict with its action_mask) can move through the adapter."""
+    env = make(CONNECT_FOUR, num_envs=2, seed=0)
+    rec = env.reset()
+    for _ in range(30):
+        actions = torch.zeros(2, 2, dtype=torch.long)
+        for i, (slot, seen) in enumerate(env.turn_observations()):
+            assert rec.active[i, slot] and set(seen) == {"observation", "action_mask"}
+            assert rec.action_mask[i, slot].tolist() == seen["action_mask"].astype(bool).tolist()
+            actions[i, slot] = int(np.flatnonzero(seen["action_mask"])[-1])  # the rightmost open column
+        rec = env.step(actions)

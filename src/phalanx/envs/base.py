@@ -115,6 +115,9 @@ class VecEnv:
     # S copies of its first frame. The rollout then stores each frame once (S times less memory for
     # pixels); `phalanx check-env` checks the rule.
     frame_stack: int = 0
+    # True where every record carries an `action_mask` (StepRecord), False where none does: the trainer knows
+    # before the first step whether to keep one a step (`phalanx check-env` checks the records agree).
+    action_masks: bool = False
     # True where slots take turns (PettingZoo's AEC games): a slot may receive reward, and the end of its
     # episode, on a step it sat out (another slot's turn). Both belong to its last action, as PettingZoo's
     # `last()` has them; `phalanx check-env` allows them only here.

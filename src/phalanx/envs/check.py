@@ -132,7 +132,13 @@ def _check_mask(env: VecEnv, rec: StepRecord, where: str, tensor: Callable[[str,
     slot (every head) at least one action."""
     mask, space = rec.action_mask, env.action_space
     if mask is None:
+        if env.action_masks:
+            raise _fail(env, f"{where}() record.action_mask is None but the env declares action_masks = True; give every "
+                             "record a mask (all True where nothing is forbidden)")
         return
+    if not env.action_masks:
+        raise _fail(env, f"{where}() record.action_mask is set but the env does not declare action_masks = True (a VecEnv "
+                         "attribute: the trainer keeps a mask a step only for an env that declares it)")
     if not isinstance(space, (Discrete, MultiDiscrete)):
         raise _fail(env, f"{where}() record.action_mask is set but action_space is {space.describe()}; "
                          "masks are for Discrete and MultiDiscrete actions (leave it None)")

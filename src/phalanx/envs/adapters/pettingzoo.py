@@ -510,11 +510,13 @@ class PettingZooTurnsVecEnv(PettingZooVecEnv):
             raise ConfigError(f"env 'pz:{rest}': some agents' observations hold an action_mask and some do not "
                               f"({', '.join(a for a, h in holds.items() if not h)} do not); give every agent one or none")
         self._masked = bool(holds) and all(holds.values())
+        self.action_masks = self._masked
         super().__init__(rest, envs, device=device, seed=seed)
         self._mask_widths = self._plan_masks(rest, first) if self._masked else {}
         n = self.num_envs
         self._turn = np.zeros(n, dtype=np.int64)  # the slot that moves next, per copy
         self._allowed: list[np.ndarray | None] = [None] * n  # its mask row
+        self._seen: list[Any] = [None] * n  # its observation as PettingZoo gave it
 
     def _observation_part(self, space: Any) -> Any:
         return space["observation"] if self._masked else space
@@ -586,9 +588,15 @@ class PettingZooTurnsVecEnv(PettingZooVecEnv):
                                    f"observation and action_mask, but it observed {type(obs).__name__}")
         return obs["observation"]
 
+    def turn_observations(self) -> list[tuple[int, Any]]:
+        """Per copy, the slot to move and its observation as PettingZoo gave it (the dict with its action_mask):
+        what a player written against PettingZoo reads."""
+        return [(int(s), obs) for s, obs in zip(self._turn, self._seen)]
+
     def _take_turn(self, i: int, agent: str, obs: Any, obs_buf: np.ndarray, mask_buf: np.ndarray) -> None:
         s = self._slot[agent]
         self._turn[i] = s
+        self._seen[i] = obs
         obs_buf[i, s] = self._obs_one(agent, self._observed(obs))
         if self._masked:
             row = self._mask_row(i, agent, obs["action_mask"] if isinstance(obs, dict) and "action_mask" in obs else None)
