@@ -72,6 +72,8 @@ def fields(env: VecEnv, model: ActorCritic) -> list[Field]:
         out += [Field("resets", flag, sample=True), Field("env_active", flag, sample=True)]
     if model.centralized:
         out.append(Field("states", f32, (state_dim_of(env),), per_env=True))
+    if env.action_masks:  # the update evaluates each action on the mask it was sampled under
+        out.append(Field("action_mask", flag, (space.mask_width,), sample=True))
     return out
 
 
@@ -208,7 +210,7 @@ class BatchEvaluator:
             if self.model.recurrent:
                 logp, ent, value = self.sequence(part)
             else:
-                logp, ent, value = self.model.evaluate_value(part.obs, part.actions, part.critic_obs)
+                logp, ent, value = self.model.evaluate_value(part.obs, part.actions, part.critic_obs, part.action_mask)
         return logp.float(), ent.float(), value.float()  # the losses stay in float32
 
     def sequence(self, part: PPOBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -216,7 +218,7 @@ class BatchEvaluator:
         slots = (part.rows.unsqueeze(1) * A + torch.arange(A, device=part.rows.device)).reshape(-1)
         start = self.buffer.segment_start.select(slots)
         logp, ent, value = self.model.evaluate_seq(part.obs, part.actions, start, part.resets, part.env_active,
-                                                   idle_outputs=False)
+                                                   idle_outputs=False, mask=part.action_mask)
         if value is None:  # memoryless critic: the global state [B, T, S] -> [B, T, A] -> [B, A, T]
             value = self.model.value(part.critic_obs).transpose(-1, -2) if self.model.centralized else self.model.value(part.critic_obs)
         return logp, ent, value

@@ -62,26 +62,28 @@ class Policy:
     @torch.no_grad()
     def act(
         self, obs: torch.Tensor, greedy: bool = True, generator: Source = None,
-        reset: torch.Tensor | None = None, active: torch.Tensor | None = None,
+        reset: torch.Tensor | None = None, active: torch.Tensor | None = None, mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Map a batch of observations [..., A, *obs_shape] to env actions, greedy or sampled.
 
         Memory policies carry their memory between calls: pass `reset` [..., A] where an episode
-        starts (the previous step ended it) and `active` [..., A] for slots that act. The actions come
+        starts (the previous step ended it) and `active` [..., A] for slots that act. `mask` [..., A, n]
+        (StepRecord.action_mask): the actions each slot may take, the only ones played. The actions come
         back on the observations' device (a policy trained on a GPU plays a CPU env as it is).
         """
         if not torch.is_tensor(obs):
             obs = torch.as_tensor(obs)
         x = self.preprocess(obs)
+        mask = None if mask is None else torch.as_tensor(mask, dtype=torch.bool).to(self.device)
         if not self.recurrent:
-            action, _ = self.model.act(x, generator, greedy)
+            action, _ = self.model.act(x, generator, greedy, mask)
             return self.model.head.to_env(action).to(obs.device)
         slots = obs.shape[: obs.dim() - len(self.observation_space.shape)].numel()  # [..., A]: pixels keep C, H, W
         if self.memory is None or self.memory.batch_size != slots:
             self.memory = self.model.initial_state(slots, self.device)
         reset = reset.to(self.device) if reset is not None else None
         active = active.to(self.device) if active is not None else None
-        action, _, _, self.memory = self.model.act_step(x, self.memory, reset, active, generator, greedy)
+        action, _, _, self.memory = self.model.act_step(x, self.memory, reset, active, generator, greedy, mask)
         return self.model.head.to_env(action).to(obs.device)
 
     @torch.no_grad()

@@ -175,12 +175,13 @@ class Rollout:
             self.buffer.write("resets", t, self.prev_done)
             self.buffer.write("env_active", t, rec.active)
             with self.timer.phase("policy_forward"), self.amp():
-                action, logp, v_mem, self.memory = model.act_step(obs_n, self.memory, self.prev_done, rec.active, self.draws)
+                action, logp, v_mem, self.memory = model.act_step(obs_n, self.memory, self.prev_done, rec.active, self.draws,
+                                                                  mask=rec.action_mask)
             logp = logp.float()
             value = self.denorm(v_mem.float()) if model.memory_critic else self.value(obs_n, rec.state)
         else:
             with self.timer.phase("policy_forward"), self.amp():
-                action, logp, v = self.act_value(obs_n, self.draws, False, self.critic_in(obs_n, rec.state))
+                action, logp, v = self.act_value(obs_n, self.draws, False, self.critic_in(obs_n, rec.state), rec.action_mask)
             logp, value = logp.float(), self.denorm(v.float())
         if self.teammates is not None:
             with self.timer.phase("opponents"):
@@ -196,6 +197,8 @@ class Rollout:
         if self.write_states:
             self.buffer.write("states", t, rec.state.reshape(self.N, -1))
         self.buffer.write("actions", t, action)
+        if rec.action_mask is not None:
+            self.buffer.write("action_mask", t, rec.action_mask)
         self.buffer.write("logprobs", t, logp)
         self.buffer.write("values", t, value)
         if not rec.quiet:

@@ -26,15 +26,18 @@ def play(player: Player, env: VecEnv, rec: StepRecord, draws: Source, reset: tor
     """Actions for every slot from a `Policy` (its memory reset where `reset` [N, A] marks an episode start),
     a scripted name, or random play (None or "random")."""
     if player is None or player == "random":
-        return random_actions(env, draws)
+        return random_actions(env, draws, rec.action_mask)
     if isinstance(player, str):
         return env.scripted_actions(player, rec, draws)
-    return player.act(rec.obs, greedy=greedy, generator=draws, reset=reset, active=rec.active)
+    return player.act(rec.obs, greedy=greedy, generator=draws, reset=reset, active=rec.active, mask=rec.action_mask)
 
 
-def random_actions(env: VecEnv, draws: Source) -> torch.Tensor:
-    """Uniform random actions for every slot of a batched env."""
-    return env.action_space.sample(env.num_envs, env.num_agents, draws, env.device)
+def random_actions(env: VecEnv, draws: Source, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Uniform random actions for every slot of a batched env; with `mask` (StepRecord.action_mask), uniform over
+    the actions it allows."""
+    if mask is None:
+        return env.action_space.sample(env.num_envs, env.num_agents, draws, env.device)
+    return env.action_space.sample(env.num_envs, env.num_agents, draws, env.device, mask=mask)
 
 
 def fill_slots(actions: torch.Tensor, where: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
@@ -98,17 +101,18 @@ class SlotPlan:
 
     def _fill_columns(self, actions: torch.Tensor, mine: torch.Tensor, policy: Policy, rec: StepRecord, draws: Source,
                       greedy: bool, rows_only: bool) -> torch.Tensor:
-        cols = self.columns
+        cols, mask = self.columns, rec.action_mask
         mine = mine[:, cols]  # `who` per env [N, A]: a plan with columns is a league's
         if not rows_only:  # every env, the static shape (no host read)
-            other = policy.act(rec.obs[:, cols], greedy=greedy, generator=draws)
+            other = policy.act(rec.obs[:, cols], greedy=greedy, generator=draws, mask=None if mask is None else mask[:, cols])
             actions = actions.clone()
             actions[:, cols] = fill_slots(actions[:, cols], mine, other)
             return actions
         rows = mine.any(-1).nonzero().squeeze(1)
         if rows.numel() == 0:
             return actions
-        other = policy.act(rec.obs[rows][:, cols], greedy=greedy, generator=draws).to(actions.dtype)
+        other = policy.act(rec.obs[rows][:, cols], greedy=greedy, generator=draws,
+                           mask=None if mask is None else mask[rows][:, cols]).to(actions.dtype)
         return actions.index_put((rows[:, None], cols[None, :]), other)
 
     def step_state(self) -> dict[str, torch.Tensor]:

@@ -82,6 +82,8 @@ class PPOBatch:
     # Stacked pixels stored once (episodes.frame_index): `obs` holds each sample's indices into `frames`
     # [R, *frame] ([B, A, S]); `index` gathers the stacks of a minibatch.
     frames: torch.Tensor | None = None
+    # The actions each sample's slot could take when it acted (StepRecord.action_mask), where the env masks.
+    action_mask: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.logprobs.shape[0]

@@ -165,37 +165,39 @@ class CNNActorCritic(nn.Module):
         return self._value_from(critic_in, None)
 
     def act(
-        self, obs: torch.Tensor, generator: Source = None, greedy: bool = False
+        self, obs: torch.Tensor, generator: Source = None, greedy: bool = False, mask: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.actor(self.features(obs))
-        action = self.head.sample(out, generator, greedy)
-        return action, self.head.log_prob(out, action)
+        action = self.head.sample(out, generator, greedy, mask)
+        return action, self.head.log_prob(out, action, mask)
 
-    def evaluate(self, obs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def evaluate(self, obs: torch.Tensor, actions: torch.Tensor,
+                 mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.actor(self.features(obs))
-        return self.head.log_prob_entropy(out, actions)
+        return self.head.log_prob_entropy(out, actions, mask)
 
     def initial_state(self, batch_size: int, device: torch.device | str | None = None) -> NoMemory:
         """A feed-forward model's memory: none (models/state.py)."""
         return NoMemory()
 
     def act_value(
-        self, obs: torch.Tensor, generator: Source = None, greedy: bool = False, critic_in: torch.Tensor | None = None
+        self, obs: torch.Tensor, generator: Source = None, greedy: bool = False, critic_in: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`act` and `value` on the same observations (the critic reads them: `critic_in` is `obs` or None),
         the shared encoder run once: -> (action, logprob, value)."""
         feat = self.features(obs)
         out = self.actor(feat)
-        action = self.head.sample(out, generator, greedy)
-        return action, self.head.log_prob(out, action), self._value_from(obs, feat)
+        action = self.head.sample(out, generator, greedy, mask)
+        return action, self.head.log_prob(out, action, mask), self._value_from(obs, feat)
 
-    def evaluate_value(self, obs: torch.Tensor, actions: torch.Tensor,
-                       critic_in: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def evaluate_value(self, obs: torch.Tensor, actions: torch.Tensor, critic_in: torch.Tensor | None = None,
+                       mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`evaluate` and `value` on the same observations (the per-agent critic reads them, so
         `critic_in` is `obs`): -> (logprob, entropy, value)."""
         feat = self.features(obs)
         out = self.actor(feat)
-        return *self.head.log_prob_entropy(out, actions), self._value_from(obs, feat)
+        return *self.head.log_prob_entropy(out, actions, mask), self._value_from(obs, feat)
 
 
 class CNNMemoryActorCritic(nn.Module):
@@ -268,9 +270,9 @@ class CNNMemoryActorCritic(nn.Module):
         return self.core.step(self.encoder(obs), state, reset, active)
 
     def act_step(self, obs: torch.Tensor, state, reset: torch.Tensor | None = None, active: torch.Tensor | None = None,
-                 generator: Source = None, greedy: bool = False):
+                 generator: Source = None, greedy: bool = False, mask: torch.Tensor | None = None):
         """-> (action, logprob, value | None, state) with `state` updated in place."""
-        return self.core.act_step(self.encoder(obs), state, reset, active, generator, greedy)
+        return self.core.act_step(self.encoder(obs), state, reset, active, generator, greedy, mask)
 
     def value_step(self, obs: torch.Tensor, state) -> torch.Tensor:
         """The memory critic's V(obs) as the next step of each slot's episode; writes nothing."""
@@ -282,9 +284,9 @@ class CNNMemoryActorCritic(nn.Module):
         return self.core.seq(self.encoder(obs), start_state, resets, active, idle_outputs)
 
     def evaluate_seq(self, obs: torch.Tensor, actions: torch.Tensor, start_state, resets: torch.Tensor | None = None,
-                     active: torch.Tensor | None = None, idle_outputs: bool = True):
+                     active: torch.Tensor | None = None, idle_outputs: bool = True, mask: torch.Tensor | None = None):
         """-> (logprob, entropy, value | None), each [*B, A, T]."""
-        return self.core.evaluate_seq(self.encoder(obs), actions, start_state, resets, active, idle_outputs)
+        return self.core.evaluate_seq(self.encoder(obs), actions, start_state, resets, active, idle_outputs, mask)
 
     def value(self, critic_in: torch.Tensor) -> torch.Tensor:
         """The memoryless critic (memory_critic=False) on images [..., A, C, H, W] -> [..., A]."""

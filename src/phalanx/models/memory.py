@@ -159,11 +159,13 @@ class _MemoryActorCritic(nn.Module):
         active = torch.ones(n, dtype=torch.bool, device=x.device) if active is None else active.reshape(n)
         return self._heads(self._step(x, state, reset, active), batch)
 
-    def act_step(self, obs, state, reset=None, active=None, generator: Source = None, greedy: bool = False):
-        """Sample actions: -> (action, logprob, value | None, state) with `state` updated in place."""
+    def act_step(self, obs, state, reset=None, active=None, generator: Source = None, greedy: bool = False,
+                 mask: torch.Tensor | None = None):
+        """Sample actions (among those `mask` allows): -> (action, logprob, value | None, state) with `state`
+        updated in place."""
         out, value = self.step(obs, state, reset, active)
-        action = self.head.sample(out, generator, greedy)
-        return action, self.head.log_prob(out, action), value, state
+        action = self.head.sample(out, generator, greedy, mask)
+        return action, self.head.log_prob(out, action, mask), value, state
 
     def value_step(self, obs: torch.Tensor, state) -> torch.Tensor:
         """The memory critic's V(obs) as the next step of each slot's episode; writes nothing."""
@@ -187,10 +189,11 @@ class _MemoryActorCritic(nn.Module):
         active = torch.ones(n, t, dtype=torch.bool, device=x.device) if active is None else active.reshape(n, t)
         return x, resets, active
 
-    def evaluate_seq(self, obs, actions, start_state, resets=None, active=None, idle_outputs: bool = True):
-        """-> (logprob, entropy, value | None), each [*B, A, T]."""
+    def evaluate_seq(self, obs, actions, start_state, resets=None, active=None, idle_outputs: bool = True,
+                     mask: torch.Tensor | None = None):
+        """-> (logprob, entropy, value | None), each [*B, A, T]; `mask` [*B, A, T, n] as the stored masks."""
         out, value = self.seq(obs, start_state, resets, active, idle_outputs)
-        return *self.head.log_prob_entropy(out, actions), value
+        return *self.head.log_prob_entropy(out, actions, mask), value
 
     # -- memoryless critic -------------------------------------------------------------------------
     def value(self, critic_in: torch.Tensor) -> torch.Tensor:

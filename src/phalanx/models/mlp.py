@@ -381,24 +381,25 @@ class MLPActorCritic(nn.Module):
         return self.critic(x).squeeze(-1)
 
     def act(
-        self, obs: torch.Tensor, generator: Source = None, greedy: bool = False
+        self, obs: torch.Tensor, generator: Source = None, greedy: bool = False, mask: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.actor(self.actor_input(obs))
-        action = self.head.sample(out, generator, greedy)
-        return action, self.head.log_prob(out, action)
+        action = self.head.sample(out, generator, greedy, mask)
+        return action, self.head.log_prob(out, action, mask)
 
     def initial_state(self, batch_size: int, device: torch.device | str | None = None) -> NoMemory:
         """A feed-forward model's memory: none (models/state.py)."""
         return NoMemory()
 
     def act_value(self, obs: torch.Tensor, generator: Source = None, greedy: bool = False,
-                  critic_in: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  critic_in: torch.Tensor | None = None,
+                  mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`act` and `value` in one call (the rollout's per step): -> (action, log-prob, value)."""
         if (critic_in is None or critic_in is obs) and self._packed_inference(obs):
             out, value = self._packed_forward(self.actor_input(obs))
-            action = self.head.sample(out, generator, greedy)
-            return action, self.head.log_prob(out, action), value
-        return *self.act(obs, generator, greedy), self.value(obs if critic_in is None else critic_in)
+            action = self.head.sample(out, generator, greedy, mask)
+            return action, self.head.log_prob(out, action, mask), value
+        return *self.act(obs, generator, greedy, mask), self.value(obs if critic_in is None else critic_in)
 
     def _packed_inference(self, obs: torch.Tensor) -> bool:
         """Whether actor and critic run as one packed MLP: a small CPU batch without autograd, where the
@@ -428,10 +429,11 @@ class MLPActorCritic(nn.Module):
         rows = x.shape[:-1]
         return h[:, :-1].reshape(*rows, -1), h[:, -1].reshape(rows)
 
-    def evaluate(self, obs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def evaluate(self, obs: torch.Tensor, actions: torch.Tensor,
+                 mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.actor(self.actor_input(obs))
-        return self.head.log_prob_entropy(out, actions)
+        return self.head.log_prob_entropy(out, actions, mask)
 
-    def evaluate_value(self, obs: torch.Tensor, actions: torch.Tensor,
-                       critic_in: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return *self.evaluate(obs, actions), self.value(critic_in)
+    def evaluate_value(self, obs: torch.Tensor, actions: torch.Tensor, critic_in: torch.Tensor,
+                       mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return *self.evaluate(obs, actions, mask), self.value(critic_in)

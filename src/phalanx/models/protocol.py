@@ -40,26 +40,29 @@ class ActorCritic(Protocol):
 
 @runtime_checkable
 class FeedForwardActorCritic(ActorCritic, Protocol):
-    def act(self, obs: torch.Tensor, generator: Source = None,
-            greedy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """obs [..., A, *obs] -> (action [..., A, *act], log-prob [..., A])."""
+    def act(self, obs: torch.Tensor, generator: Source = None, greedy: bool = False,
+            mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """obs [..., A, *obs] -> (action [..., A, *act], log-prob [..., A]); `mask` (StepRecord.action_mask,
+        None: every action) the actions each slot may take, on which the log-prob is."""
         ...
 
     def act_value(self, obs: torch.Tensor, generator: Source = None, greedy: bool = False,
-                  critic_in: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  critic_in: torch.Tensor | None = None,
+                  mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """-> (action, log-prob, value): `act`, and `value(critic_in)` (None: `obs`), the rollout's one call a step."""
         ...
 
-    def evaluate_value(self, obs: torch.Tensor, actions: torch.Tensor,
-                       critic_in: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """-> (log-prob, entropy, value), each [..., A]: the update's one forward."""
+    def evaluate_value(self, obs: torch.Tensor, actions: torch.Tensor, critic_in: torch.Tensor,
+                       mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """-> (log-prob, entropy, value), each [..., A]: the update's one forward (on the masks the rollout
+        stored, so the PPO ratio compares like with like)."""
         ...
 
 
 @runtime_checkable
 class RecurrentActorCritic(ActorCritic, Protocol):
     def act_step(self, obs: torch.Tensor, state, reset: torch.Tensor | None = None, active: torch.Tensor | None = None,
-                 generator: Source = None, greedy: bool = False):
+                 generator: Source = None, greedy: bool = False, mask: torch.Tensor | None = None):
         """-> (action, log-prob, value | None, state), the state updated in place."""
         ...
 
@@ -68,6 +71,6 @@ class RecurrentActorCritic(ActorCritic, Protocol):
         ...
 
     def evaluate_seq(self, obs: torch.Tensor, actions: torch.Tensor, start_state, resets: torch.Tensor | None = None,
-                     active: torch.Tensor | None = None, idle_outputs: bool = True):
+                     active: torch.Tensor | None = None, idle_outputs: bool = True, mask: torch.Tensor | None = None):
         """Segments [*B, A, T, ...] -> (log-prob, entropy, value | None), each [*B, A, T]."""
         ...

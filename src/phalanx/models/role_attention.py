@@ -276,27 +276,29 @@ class RoleAttentionActorCritic(nn.Module):
 
     def act(
         self, obs: torch.Tensor, generator: Source = None, greedy: bool = False,
-        present: torch.Tensor | None = None,
+        present: torch.Tensor | None = None, mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.actor(self._features(self.actor_attn, obs, present))
-        action = self.head.sample(out, generator, greedy)
-        return action, self.head.log_prob(out, action)
+        action = self.head.sample(out, generator, greedy, mask)
+        return action, self.head.log_prob(out, action, mask)
 
     def initial_state(self, batch_size: int, device: torch.device | str | None = None) -> NoMemory:
         """A feed-forward model's memory: none (models/state.py)."""
         return NoMemory()
 
     def act_value(self, obs: torch.Tensor, generator: Source = None, greedy: bool = False,
-                  critic_in: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  critic_in: torch.Tensor | None = None,
+                  mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`act` and `value` in one call (the rollout's per step): -> (action, log-prob, value)."""
-        return *self.act(obs, generator, greedy), self.value(obs if critic_in is None else critic_in)
+        return *self.act(obs, generator, greedy, mask=mask), self.value(obs if critic_in is None else critic_in)
 
     def evaluate(
-        self, obs: torch.Tensor, actions: torch.Tensor, present: torch.Tensor | None = None
+        self, obs: torch.Tensor, actions: torch.Tensor, present: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.actor(self._features(self.actor_attn, obs, present))
-        return self.head.log_prob_entropy(out, actions)
+        return self.head.log_prob_entropy(out, actions, mask)
 
-    def evaluate_value(self, obs: torch.Tensor, actions: torch.Tensor,
-                       critic_in: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return *self.evaluate(obs, actions), self.value(critic_in)
+    def evaluate_value(self, obs: torch.Tensor, actions: torch.Tensor, critic_in: torch.Tensor,
+                       mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return *self.evaluate(obs, actions, mask=mask), self.value(critic_in)
