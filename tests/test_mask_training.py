@@ -68,3 +68,32 @@ def test_masked_training_learns_the_rewarded_legal_action(tmp_path):
     random = evaluate_policy(None, "mask_envs:make", episodes=64, seed=3, greedy=False)
     assert random["mean_return"] < 3.2, random
     assert trained["mean_return"] > 7.0, (trained, random)
+
+
+@pytest.mark.parametrize("model", ["mlp", "lstm"])
+def test_the_export_of_a_masked_run_takes_the_mask_and_plays_in_lockstep(tmp_path, model):
+    pytest.importorskip("onnxruntime")
+    from phalanx.deployed import ACTION_MASK, DeployedPolicy
+    from phalanx.export import export_onnx, lockstep, read_contract
+
+    run = tmp_path / "r"
+    phalanx.train(env="mask_envs:make", model=model, total_steps=4 * 16 * 2, seed=1, run_dir=run, **SMALL)
+    policy = phalanx.load(run)
+    assert policy.action_masks
+    path = export_onnx(policy, tmp_path / "p.onnx")
+    inputs = {i["name"]: i for i in read_contract(path)["inputs"]}
+    assert inputs[ACTION_MASK]["dtype"] == "bool" and inputs[ACTION_MASK]["shape"] == ["batch", 2, 5]
+    out = lockstep(run, path, episodes=8, num_envs=4)  # the env refuses a forbidden action
+    assert out["actions_identical"] and out["episodes"] >= 8, out
+    deployed = DeployedPolicy(policy)
+    mask = torch.zeros(3, 2, 5, dtype=torch.bool)
+    mask[..., 2] = True
+    named = deployed.named(*(mask if s.name == ACTION_MASK else x for s, x in zip(deployed.inputs, deployed.example_inputs(3))))
+    assert bool((named["action"] == 2).all()) and bool((named["logits"][..., [0, 1, 3, 4]] <= -1e8).all())
+
+
+def test_the_export_of_an_unmasked_run_takes_no_mask(tmp_path):
+    from phalanx.deployed import ACTION_MASK, DeployedPolicy
+
+    result = phalanx.train(env="cartpole", total_steps=4 * 16, seed=1, run_dir=tmp_path / "r", **SMALL)
+    assert ACTION_MASK not in [s.name for s in DeployedPolicy(result.policy).inputs]

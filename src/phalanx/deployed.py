@@ -37,6 +37,7 @@ from phalanx.policy import Policy, frozen_copy
 OBS = "obs"
 EPISODE_START = "episode_start"
 ACTIVE = "active"
+ACTION_MASK = "action_mask"
 ACTION = "action"
 VALUE = "value"
 MEMORY_PREFIX = "memory."
@@ -125,6 +126,8 @@ class DeployedPolicy(nn.Module):
         self.head: ActionHead = frozen.model.head
         self.num_agents = int(frozen.model.num_agents)
         self.recurrent = bool(frozen.model.recurrent)
+        # The run's env gives action masks: the graph takes the step's mask and plays only what it allows.
+        self.masked = bool(policy.action_masks)
         # A centralised critic reads the env's global state, which a deployed agent does not have: no value.
         self.has_value = not frozen.model.centralized
         self.memory_type: type[MemoryState] | None = None
@@ -144,6 +147,8 @@ class DeployedPolicy(nn.Module):
     def inputs(self) -> tuple[TensorSpec, ...]:
         A, space = self.num_agents, self.policy.observation_space
         specs = [TensorSpec(OBS, ("batch", A, *space.shape), space.dtype)]
+        if self.masked:
+            specs.append(TensorSpec(ACTION_MASK, ("batch", A, self.policy.action_space.mask_width), torch.bool))
         if self.recurrent:
             specs += [TensorSpec(EPISODE_START, ("batch", A), torch.bool), TensorSpec(ACTIVE, ("batch", A), torch.bool)]
             specs += [TensorSpec(MEMORY_PREFIX + k, ("batch", A, *v.shape), v.dtype) for k, v in self.initial_memory.items()]
@@ -174,32 +179,35 @@ class DeployedPolicy(nn.Module):
             shape = (batch, *spec.shape[1:])
             if spec.name.startswith(MEMORY_PREFIX):
                 out.append(self.initial_memory[spec.name[len(MEMORY_PREFIX):]].expand(shape).clone())
-            elif spec.name == ACTIVE:
+            elif spec.name in (ACTIVE, ACTION_MASK):
                 out.append(torch.ones(shape, dtype=spec.dtype))
             else:
                 out.append(torch.zeros(shape, dtype=spec.dtype))
         return tuple(out)
 
     # -- the forward -------------------------------------------------------------------------------
-    def _outputs(self, out: torch.Tensor, value: torch.Tensor | None) -> list[torch.Tensor]:
-        action = self.head.to_env(self.head.sample(out, None, True))
+    def _outputs(self, out: torch.Tensor, value: torch.Tensor | None, mask: torch.Tensor | None) -> list[torch.Tensor]:
+        action = self.head.to_env(self.head.sample(out, None, True, mask))
         if self.head.kind == "gaussian":
             params = [out, self.head.log_std.expand_as(out)]
         else:
-            params = [self.head._logits(out)]  # the masks and padding of the head's own sampling
+            params = [self.head._logits(out, self.head._legal(mask))]  # the masks and padding of the head's own sampling
         return [action, *params, *([value] if self.has_value else [])]
 
     def forward(self, obs: torch.Tensor, *rest: torch.Tensor) -> tuple[torch.Tensor, ...]:
         x = self.policy.preprocess(obs)
+        mask = None
+        if self.masked:
+            mask, *rest = rest
         if not self.recurrent:
             out = _actor_output(self.model, x)
-            return tuple(self._outputs(out, self.model.value(x) if self.has_value else None))
+            return tuple(self._outputs(out, self.model.value(x) if self.has_value else None, mask))
         episode_start, active, *memory = rest
         state = memory_to_model(dict(zip(self.memory_names, memory)), self.memory_type)
         out, value = self.model.step(x, state, episode_start, active)
         if self.has_value and value is None:  # a memoryless critic beside the memory (not centralised)
             value = self.model.value(x)
-        return (*self._outputs(out, value), *memory_from_model(state, self.num_agents).values())
+        return (*self._outputs(out, value, mask), *memory_from_model(state, self.num_agents).values())
 
     @torch.no_grad()
     def named(self, *inputs: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -207,5 +215,5 @@ class DeployedPolicy(nn.Module):
         return dict(zip((s.name for s in self.outputs), self(*inputs)))
 
 
-__all__ = ["ACTION", "ACTIVE", "EPISODE_START", "FEED_FORWARD", "MEMORY", "MEMORY_PREFIX", "NEXT_MEMORY_PREFIX", "OBS", "VALUE",
+__all__ = ["ACTION", "ACTION_MASK", "ACTIVE", "EPISODE_START", "FEED_FORWARD", "MEMORY", "MEMORY_PREFIX", "NEXT_MEMORY_PREFIX", "OBS", "VALUE",
            "DeployedPolicy", "TensorSpec", "distribution_names", "memory_from_model", "memory_to_model"]

@@ -30,6 +30,7 @@ import torch
 
 from phalanx.deployed import (
     ACTION,
+    ACTION_MASK,
     ACTIVE,
     EPISODE_START,
     MEMORY_PREFIX,
@@ -338,10 +339,12 @@ def lockstep(run: str | Path | Policy, onnx_path: str | Path, episodes: int = 20
     try:
         while done_episodes < episodes and steps < max_steps:
             feeds = {OBS: rec.obs.cpu().numpy()}
+            if deployed.masked:
+                feeds[ACTION_MASK] = rec.action_mask.cpu().numpy()
             if deployed.recurrent:
                 feeds.update({EPISODE_START: prev_done.cpu().numpy(), ACTIVE: rec.active.cpu().numpy(), **memory})
             got = dict(zip(out_names, session.run(None, feeds)))
-            actions = policy.act(rec.obs, greedy=True, reset=prev_done, active=rec.active)
+            actions = policy.act(rec.obs, greedy=True, reset=prev_done, active=rec.active, mask=rec.action_mask)
             mine = actions.cpu().numpy()
             if discrete:
                 mismatches += int(not np.array_equal(got[ACTION], mine))

@@ -25,9 +25,10 @@ class Policy:
     """Wraps a trained model with the observation statistics it was trained under."""
 
     def __init__(self, model: ActorCritic, obs_rms: RunningMeanStd | None, config: Config, observation_space: Space,
-                 action_space: Space, step: int | None = None):
+                 action_space: Space, step: int | None = None, action_masks: bool = False):
         self.model = model
         self.step = step  # the training step of the checkpoint it was loaded from (None: not from one)
+        self.action_masks = action_masks  # its env gives action masks (VecEnv.action_masks): an export takes one
         self.obs_rms = obs_rms
         self.config = config
         self.observation_space = observation_space
@@ -112,7 +113,8 @@ def load(run_dir: str | Path, device: str = "cpu", checkpoint: str | Path | None
     # Env-batch-shaped reward statistics do not matter for inference.
     norm_state = {k: v for k, v in ckpt.section(state_t, "norms", dev).items() if not k.startswith("reward.")}
     norms.load_state_dict(norm_state, strict=False)
-    policy = Policy(model, norms.obs, cfg, env.observation_space, env.action_space, step=meta.get("global_step"))
+    policy = Policy(model, norms.obs, cfg, env.observation_space, env.action_space, step=meta.get("global_step"),
+                    action_masks=env.action_masks)
     env.close()
     return policy
 
@@ -122,7 +124,8 @@ def frozen_copy(policy: Policy) -> Policy:
     a memory of its own (a league bank slot; `load_frozen` gives it other weights in place)."""
     model = copy.deepcopy(policy.model).eval().requires_grad_(False)
     rms = copy.deepcopy(policy.obs_rms) if policy.obs_rms is not None else None
-    return Policy(model, rms, policy.config, policy.observation_space, policy.action_space)
+    return Policy(model, rms, policy.config, policy.observation_space, policy.action_space,
+                  action_masks=policy.action_masks)
 
 
 def load_frozen(policy: Policy, weights: dict[str, torch.Tensor], obs_stats: dict[str, torch.Tensor], source: str | Path) -> None:

@@ -151,7 +151,8 @@ class Trainer:
         return self.cfg.batch_size * self.dist.world
 
     def policy(self) -> Policy:
-        return Policy(self.model, self.norms.obs, self.cfg, self.env.observation_space, self.env.action_space)
+        return Policy(self.model, self.norms.obs, self.cfg, self.env.observation_space, self.env.action_space,
+                      action_masks=self.env.action_masks)
 
     # -- the loop --------------------------------------------------------------------------------
     def train(self, max_updates: int | None = None) -> RunResult:
