@@ -55,9 +55,10 @@ def test_gae_truncated_step_followed_by_inactive_steps_bootstraps_from_its_final
     assert adv[0, 0].item() == pytest.approx(1 - 0.25, abs=1e-12)
 
 
+@pytest.mark.parametrize("idle_rewards", [False, True])
 @pytest.mark.parametrize("mode", ["continue", "stop"])
 @pytest.mark.parametrize("seed", range(40))
-def test_gae_matches_forward_reference_over_random_boundaries(seed, mode):
+def test_gae_matches_forward_reference_over_random_boundaries(seed, mode, idle_rewards):
     g = torch.Generator().manual_seed(seed)
     T, N = 12, 6
     density = 0.05 + 0.3 * torch.rand((), generator=g).item()  # from rare to crowded boundaries
@@ -67,12 +68,12 @@ def test_gae_matches_forward_reference_over_random_boundaries(seed, mode):
     after = torch.rand(N, generator=g) < 0.5
     gamma, lam = 0.97, 0.9
     adv, ret = compute_gae(r, v, nv, term, trunc, gamma, lam, active=active, trial_end=te, trial_bootstrap=mode,
-                           active_after=after)
+                           active_after=after, idle_rewards=idle_rewards)
     pending = pending_bootstrap(active, term, trunc, after, te, mode)
     for n in range(N):
         col = lambda x: x[:, n].tolist()  # noqa: E731
         exp = forward_reference(col(r), col(v), col(nv), col(term), col(trunc), col(active), col(te), gamma, lam, mode == "stop",
-                                bool(after[n]))
+                                bool(after[n]), idle_rewards)
         assert torch.allclose(adv[:, n], torch.tensor(exp, dtype=F64), atol=1e-10), (n, adv[:, n], exp)
         assert col(pending) == pending_reference(col(active), col(term), col(trunc), col(te), mode == "stop", bool(after[n]))
     assert torch.allclose(ret, adv + v)
@@ -101,6 +102,32 @@ def test_gae_step_whose_slot_sits_out_to_the_rollouts_end_never_bootstraps_from_
     adv, _ = compute_gae(r, v, nv, no, trunc, gamma, lam, active=active, active_after=parked)
     assert adv[1].item() == pytest.approx(1 + gamma * 100.0 - 0.25, abs=1e-12)  # V(final_obs) of the truncation
     assert not pending_bootstrap(active, no, trunc, parked).any()
+
+
+def test_gae_credits_a_reward_on_a_step_the_slot_sat_out_to_its_last_move():
+    # Issue 50: a turn-based game. X (slot 0) moves at steps 0 and 2, O (slot 1) at step 1; X wins at step 2,
+    # where the game ends for both: O's -1 comes on a step it sat out and belongs to its move at step 1 (PettingZoo's
+    # last()). It used to be dropped (an inactive step trains on nothing), so O never learnt that the move lost.
+    gamma, lam = 0.9, 0.95
+    r = torch.tensor([[0.0, 0.0], [0.0, 0.0], [1.0, -1.0]], dtype=F64)
+    v = torch.tensor([[0.5, 0.0], [0.0, 0.25], [0.75, 0.0]], dtype=F64)
+    nv = torch.zeros(3, 2, dtype=F64)
+    term = torch.tensor([[False, False], [False, False], [True, True]])
+    no = torch.zeros(3, 2, dtype=torch.bool)
+    active = torch.tensor([[True, False], [False, True], [True, False]])
+    both = torch.ones(2, dtype=torch.bool)
+    adv, _ = compute_gae(r, v, nv, term, no, gamma, lam, active=active, active_after=both, idle_rewards=True)
+    assert adv[1, 1].item() == pytest.approx(-1.0 - 0.25, abs=1e-12)  # the loser's last move
+    assert adv[2, 0].item() == pytest.approx(1.0 - 0.75, abs=1e-12)  # the winner's, on its own step, once
+    assert adv[0, 0].item() == pytest.approx(0 + gamma * 0.75 - 0.5 + gamma * lam * (1.0 - 0.75), abs=1e-12)
+    assert adv[2, 1].item() == 0.0 and adv[0, 1].item() == 0.0 and adv[1, 0].item() == 0.0
+    # A reward that comes after the slot's episode ended on its own move belongs to the next episode's steps, not it.
+    term_own = torch.tensor([[False, False], [False, True], [True, False]])
+    adv, _ = compute_gae(r, v, nv, term_own, no, gamma, lam, active=active, active_after=both, idle_rewards=True)
+    assert adv[1, 1].item() == pytest.approx(0.0 - 0.25, abs=1e-12)
+    # Not turn-based (a parked slot): a reward on a step it sat out is ignored.
+    adv, _ = compute_gae(r, v, nv, term, no, gamma, lam, active=active, active_after=both)
+    assert adv[1, 1].item() == pytest.approx(0.0 - 0.25, abs=1e-12)
 
 
 def test_update_leaves_out_a_step_whose_bootstrap_lies_beyond_the_rollout(tmp_path):

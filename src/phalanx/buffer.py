@@ -98,6 +98,7 @@ class RolloutBuffer(Mapping[str, torch.Tensor]):
         # Every field's rows as views, made once: an eager step's write is one copy, not an index and a copy.
         self._rows = {k: v.unbind(0) for k, v in self.tensors.items()}
         self.recurrent = model.recurrent
+        self.turn_based = env.turn_based  # a reward on a turn the slot sat out is its last move's (compute_gae)
         self.frame_stack = stored_stack(env, model)
         self.num_agents = A
         # The learner's memory at the rollout's start, which the update replays each segment from.
@@ -164,7 +165,8 @@ class RolloutBuffer(Mapping[str, torch.Tensor]):
         b = self.tensors
         adv, ret = compute_gae(b["rewards"], b["values"], b["next_values"], b["terminated"], b["truncated"], gae.gamma,
                                gae.gae_lambda, active=b["active"], trial_end=b["trial_end"],
-                               trial_bootstrap=gae.trial_bootstrap, active_after=acts_after)
+                               trial_bootstrap=gae.trial_bootstrap, active_after=acts_after,
+                               idle_rewards=self.turn_based)
         pending = pending_bootstrap(b["active"], b["terminated"], b["truncated"], acts_after, b["trial_end"],
                                     gae.trial_bootstrap)
         return adv, ret, b["active"] & ~pending

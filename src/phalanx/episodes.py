@@ -20,16 +20,23 @@ class EpisodeCounters:
         # on a CPU costs more than the add of a few numbers.
         self._one = torch.ones((), device=device)
 
-    def step(self, reward: torch.Tensor, done: torch.Tensor, prev_active: torch.Tensor) -> torch.Tensor:
-        """Add one step's rewards (of the slots that acted); -> [N] bool: the env's episode ended."""
-        self.add(reward, prev_active)
+    def step(self, reward: torch.Tensor, done: torch.Tensor, prev_active: torch.Tensor,
+             idle_rewards: bool = False) -> torch.Tensor:
+        """Add one step's rewards (of the slots that acted; every slot's with `idle_rewards`, see `add`);
+        -> [N] bool: the env's episode ended."""
+        self.add(reward, prev_active, idle_rewards)
         return env_ended(done, prev_active)
 
-    def add(self, reward: torch.Tensor, prev_active: torch.Tensor | None) -> None:
-        """Add one step's rewards and lengths (of the slots that acted; None: every slot did)."""
+    def add(self, reward: torch.Tensor, prev_active: torch.Tensor | None, idle_rewards: bool = False) -> None:
+        """Add one step's rewards and lengths (of the slots that acted; None: every slot did). `idle_rewards`
+        (a turn-based env): the rewards of the slots that sat out count too, their lengths do not."""
         if prev_active is None:  # no bool-to-float mask, which at a few envs on a CPU is most of the cost
             self.slot_return += reward
             self.slot_length += self._one
+            self.team_return += reward.sum(-1)
+        elif idle_rewards:
+            self.slot_return += reward
+            self.slot_length += prev_active
             self.team_return += reward.sum(-1)
         else:
             earned = reward * prev_active

@@ -68,7 +68,7 @@ def evaluate_policy(
     taken = [0] * n
     for before, rec in play_steps(lineup, env, first, gen, greedy, max_steps if episodes > 0 else 0):
         prev_active, prev_done = before.active, rec.terminated | rec.truncated
-        env_done = counters.step(rec.reward, prev_done, prev_active)
+        env_done = counters.step(rec.reward, prev_done, prev_active, idle_rewards=env.turn_based)
         if bool(env_done.any()):
             info = {k: _side_mean(v.float().reshape(n, -1), side).tolist() for k, v in rec.info.items()}
             slot_ret = counters.slot_return

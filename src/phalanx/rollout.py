@@ -65,6 +65,9 @@ class Rollout:
         # arrives in `collect` (a rollout starts from the observation the previous one already counted).
         self.obs_in(self.record.obs, fold=self.record.active & learner)
         self.counters = EpisodeCounters(self.N, self.A, self.device)
+        # Turn-based (VecEnv.turn_based): a slot's reward, and its episode's end, may come on a turn it sat out;
+        # both count for it (the update credits the reward to its last move, algo/gae.py).
+        self.turn_based = env.turn_based
         # Slots whose episode ended at the last step: memory (the learner's, a teammate's) resets there.
         self.prev_done = torch.zeros(self.N, self.A, dtype=torch.bool, device=self.device)
         # The learner's memory (empty for a feed-forward model).
@@ -218,7 +221,8 @@ class Rollout:
         self.prev_done = done
         if self.frame_stack:
             self.buffer.write("stack_restarts", t, stack_restarts(done, rec.trial_end, prev_active))
-        counters.add(reward, None if prev_quiet else prev_active)  # after a quiet record every slot acted
+        # After a quiet record every slot acted.
+        counters.add(reward, None if prev_quiet else prev_active, idle_rewards=self.turn_based)
         # The league counts every step; the rest only matters where a slot is done (or a slot left, so an
         # env's episode may have ended): never after two quiet records (every slot active before, none done).
         if self.league is not None or not (rec.quiet and prev_quiet):
@@ -243,7 +247,7 @@ class Rollout:
                         stats: dict[str, torch.Tensor]) -> None:
         """Fold the episodes that ended at this step into `stats` and restart their counters."""
         counters, learner = self.counters, self.learner
-        agent_done = done & acting
+        agent_done = done & (learner if self.turn_based else acting)
         stats["ep_return_sum"] += (counters.slot_return * agent_done).sum()
         stats["ep_length_sum"] += (counters.slot_length * agent_done).sum()
         stats["episodes"] += agent_done.sum()

@@ -31,6 +31,7 @@ def compute_gae(
     trial_end: torch.Tensor | None = None,
     trial_bootstrap: str = "continue",
     active_after: torch.Tensor | None = None,
+    idle_rewards: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Advantages and value targets, all tensors [T, ...].
 
@@ -46,6 +47,12 @@ def compute_gae(
     acts there; where it does not, the step before the gap has no bootstrap yet (`pending_bootstrap`):
     its advantage is 0 (leave it out of the update) and the steps before it bootstrap from its value
     with the trace cut there, as at a rollout's end.
+
+    `idle_rewards` (a turn-based env, VecEnv.turn_based): a reward that reaches a slot on a step it sat out (the
+    opponent's winning move) belongs to its last action, as PettingZoo's `last()` has it: an active step whose
+    episode goes on is credited with the rewards of the inactive steps that follow it, up to the slot's next
+    active step or the step that ends its episode. Otherwise a reward on an inactive step is ignored (envs that
+    are not turn-based give none there: check-env).
     """
     if trial_bootstrap not in ("continue", "stop"):
         raise ValueError(f"trial_bootstrap must be 'continue' or 'stop', got {trial_bootstrap!r}")
@@ -67,6 +74,10 @@ def compute_gae(
     # both, and the advantages, are linear recurrences, so each is one parallel scan over time (log2 T
     # batched ops, no per-step launches).
     act = active.to(rewards.dtype)
+    if idle_rewards:
+        idle = 1.0 - act
+        late = _backward_scan(idle * not_ended, idle * rewards)  # the rewards of the idle run that starts at t
+        rewards = rewards + act * not_ended * torch.cat([late[1:], torch.zeros_like(late[:1])], 0)
     after = torch.ones_like(act[0]) if active_after is None else active_after.to(rewards.dtype)
     ended_here = (1.0 - act) * (1.0 - not_ended)
     seen = act * values + ended_here * not_term * next_values
