@@ -27,7 +27,8 @@ from phalanx.slots import Teammates
 
 
 class Playing(Protocol):
-    """What a rollout (rollout.Rollout) carries from one step to the next, and from a checkpoint to a resume."""
+    """What a rollout (rollout.Rollout) carries from one step to the next, and from a checkpoint to a resume. Named
+    here, not imported, so that graphs.py, which reads both, sits one layer above the rollout."""
 
     device: torch.device
     env: VecEnv
