@@ -51,3 +51,20 @@ def test_training_statistics_count_both_players_episodes_and_the_losers_reward(t
     assert games >= 8
     assert int(stats["episodes"]) == 2 * games  # both seats' episodes
     assert float(stats["ep_return_sum"]) == 0.0 and float(stats["team_return_sum"]) == 0.0  # +1 and -1 each game
+
+
+def test_self_play_on_tictactoe_beats_random_play_clearly_in_both_seats(tmp_path):
+    # The learner plays both seats against itself for 30k moves (about 15 s on 2 CPUs), then plays 200 games, greedy,
+    # against random play as each seat. Random play against random play: the first player wins 58.5% of those
+    # games and loses 31.5%. Measured on seeds 1-3: as first player 83-86% won and 9-12% lost; seed 1 as second
+    # player won 53.5% and lost 37.5%. The margins below leave room for another machine's arithmetic.
+    import phalanx
+
+    result = phalanx.train(env=TICTACTOE, total_steps=30_000, seed=1, num_envs=16, num_steps=64, run_dir=tmp_path / "r",
+                           progress=False, tensorboard=False)
+    baseline = evaluate_policy(None, TICTACTOE, episodes=200, seed=5, opponent="random", greedy=False)
+    assert (baseline["wins"], baseline["losses"]) == (117, 63)  # the games below are drawn from the same seed
+    first = evaluate_policy(result.policy, TICTACTOE, episodes=200, seed=5, opponent="random")
+    assert first["wins"] >= 150 and first["losses"] <= 32, first  # random: 117 and 63
+    second = evaluate_policy(None, TICTACTOE, episodes=200, seed=5, opponent=result.policy)  # random moves first
+    assert second["losses"] >= 1.3 * baseline["losses"] and second["wins"] <= 0.85 * baseline["wins"], second
