@@ -15,7 +15,7 @@ from phalanx.errors import ConfigError
 from phalanx.league import learner_outcome
 from phalanx.league.ratings import DRAW, LOSS, WIN, wilson_interval
 from phalanx.policy import Policy
-from phalanx.slots import LEARNER_SLOT, Player, SlotPlan, Teammates, opponent_slots, parse_teammates, play
+from phalanx.slots import LEARNER_SLOT, OutsidePlayer, Player, SlotPlan, Teammates, opponent_slots, parse_teammates, play
 
 
 @torch.no_grad()
@@ -31,14 +31,15 @@ def evaluate_policy(
     max_steps: int = 1_000_000,
     teammates: str = "",
     opponent: Player = None,
+    opponent_greedy: bool = False,
 ) -> dict[str, Any]:
     """Play `episodes` complete episodes.
 
     `policy` is a trained `Policy`, the name of one of the env's scripted policies (every slot
-    plays it), or None for uniform random play. `teammates` (as the config key) fills the last
-    slots with other policies, for a trained policy that learned in a mixed team. `opponent` (a
-    scripted name, "random" or a `Policy`) plays the opponent's side (the last A // 2 slots) in
-    head-to-head matches: then per-slot metrics are the learner side's, and the result adds
+    plays it), an `OutsidePlayer` (slots.py), or None for uniform random play. `teammates` (as the config key)
+    fills the last slots with other policies, for a trained policy that learned in a mixed team. `opponent` (a
+    scripted name, "random", a `Policy` (greedy where `opponent_greedy`) or an `OutsidePlayer`) plays the
+    opponent's side (the last A // 2 slots) in head-to-head matches: then per-slot metrics are the learner side's, and the result adds
     wins / draws / losses, their rates and a 95% Wilson interval of the win rate.
     Returns the mean/median/std of the episode return (summed over agent slots: the team return),
     the mean per-agent return, mean length, success rate, the env's own episode metrics, and each
@@ -56,7 +57,7 @@ def evaluate_policy(
             raise ConfigError(f"unknown opponent '{opponent}' for env '{env_name}'; allowed: random, "
                               f"{', '.join(env.scripted_names)}, snapshot:LATEST or snapshot:NAME")
     mates = Teammates(parse_teammates(teammates, env), env, env.device) if teammates and isinstance(policy, Policy) else None
-    lineup = Lineup(env, policy, mates, opponent, side)
+    lineup = Lineup(env, policy, mates, opponent, side, opponent_greedy)
     gen = torch.Generator(device=env.device)
     gen.manual_seed(seed)
     first = env.reset(seed=seed)
@@ -117,6 +118,26 @@ def evaluate_policy(
     return out
 
 
+def evaluate_seats(policy: Player, env_name: str, opponent: Player, greedy: bool = True, **common: Any) -> dict[str, Any]:
+    """`policy` against `opponent` in a two-player game from each seat, `common` (evaluate_policy's keywords) the
+    same: "first" with the policy in the first slots, "second" with the opponent there; each with the policy's wins,
+    draws, losses, win rate and its 95% Wilson interval. An `OutsidePlayer`'s moves and illegal moves (not played)
+    are added up over both."""
+    first = evaluate_policy(policy, env_name, greedy=greedy, opponent=opponent, **common)
+    seat_two = evaluate_policy(None if opponent == "random" else opponent, env_name, greedy=greedy,
+                               opponent="random" if policy is None else policy, opponent_greedy=greedy, **common)
+    games = seat_two["episodes"]
+    second = {"episodes": games, "wins": seat_two["losses"], "draws": seat_two["draws"], "losses": seat_two["wins"]}
+    second.update({"win_rate": second["wins"] / max(games, 1), "draw_rate": second["draws"] / max(games, 1),
+                   "loss_rate": second["losses"] / max(games, 1),
+                   "win_rate_ci95": list(wilson_interval(second["wins"], games))})
+    keys = ("episodes", "wins", "draws", "losses", "win_rate", "draw_rate", "loss_rate", "win_rate_ci95")
+    out: dict[str, Any] = {"first": {k: first[k] for k in keys}, "second": second}
+    if isinstance(opponent, OutsidePlayer):
+        out.update({"opponent_moves": opponent.moves, "opponent_illegal_moves": opponent.illegal})
+    return out
+
+
 def _side_mean(v: torch.Tensor, side: torch.Tensor | None) -> torch.Tensor:
     """[n, k] info -> [n]: per-slot values averaged over the learner's side in head-to-head play."""
     if side is None or v.shape[1] != side.shape[0]:
@@ -130,8 +151,8 @@ class Lineup:
     (head-to-head), filled through one `SlotPlan`."""
 
     def __init__(self, env: VecEnv, player: Player, teammates: Teammates | None = None, opponent: Player = None,
-                 side: torch.Tensor | None = None):
-        self.env, self.player = env, player
+                 side: torch.Tensor | None = None, opponent_greedy: bool = False):
+        self.env, self.player, self.opponent_greedy = env, player, opponent_greedy
         others: list[Player] = list(teammates.plan.players) if teammates is not None else []
         who = teammates.who.clone() if teammates is not None else torch.full((env.num_agents,), LEARNER_SLOT, device=env.device)
         if side is not None:
@@ -147,7 +168,7 @@ class Lineup:
 
     def act(self, rec: StepRecord, gen: torch.Generator, prev_done: torch.Tensor, greedy: bool) -> torch.Tensor:
         actions = play(self.player, self.env, rec, gen, prev_done, greedy)
-        return self.others.fill(actions, self.who, rec, gen, prev_done)
+        return self.others.fill(actions, self.who, rec, gen, prev_done, greedy=self.opponent_greedy)
 
 
 def play_steps(lineup: Lineup, env: VecEnv, rec: StepRecord, gen: torch.Generator, greedy: bool,

@@ -9,17 +9,91 @@ last `num_agents // 2` slots) and evaluation against scripted teams and opponent
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import operator
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 
 from phalanx.checkpoint import section
 from phalanx.draws import Source
 from phalanx.envs.base import StepRecord, VecEnv
-from phalanx.errors import ConfigError
+from phalanx.envs.registry import import_user_module
+from phalanx.errors import ConfigError, PhalanxError, one_line
 from phalanx.policy import Policy, load
 
-Player = Policy | str | None  # a trained policy, a scripted policy's name, or random play (None or "random")
+
+class OutsidePlayer:
+    """A player written outside Phalanx (`--vs mypkg.bots:act`): a plain callable over the observation of the slot
+    to move as the env's own API gives it (a turn-based PettingZoo env's observation dict with its action_mask,
+    `turn_observations`) that returns an action. A move its mask forbids (or that is no action) is counted in
+    `illegal` and not played: a uniformly random allowed move stands in for it. One that raises ends the
+    evaluation in one line."""
+
+    def __init__(self, act: Callable[[Any], Any], name: str):
+        self.act, self.name = act, name
+        self.moves = self.illegal = 0
+
+    def actions(self, env: VecEnv, rec: StepRecord, draws: Source, mine: torch.Tensor | None = None) -> torch.Tensor:
+        """Actions [N, A]: the callable's for the slot to move in each copy where `mine` ([A] or [N, A]; None:
+        every slot) holds, random allowed ones elsewhere."""
+        turns = getattr(env, "turn_observations", None)
+        if turns is None:
+            raise ConfigError(f"--vs {self.name}: a callable opponent plays turn-based PettingZoo envs (pz:module:env of an "
+                              f"AEC game); env '{env.name}' is not one")
+        out = random_actions(env, draws, rec.action_mask).clone()
+        allowed = None if rec.action_mask is None else rec.action_mask.cpu()
+        mine = None if mine is None else mine.expand(env.num_envs, env.num_agents).cpu()
+        for i, (slot, obs) in enumerate(turns()):
+            if mine is not None and not bool(mine[i, slot]):
+                continue
+            try:
+                action = self.act(obs)
+            except Exception as e:  # the user's code: any error ends the evaluation in one line
+                raise PhalanxError(f"--vs {self.name} raised on env copy {i}: {one_line(e)}") from None
+            self.moves += 1
+            move = _action_index(action)
+            n = env.action_space.mask_width if allowed is None else allowed.shape[-1]
+            if move is None or not 0 <= move < n or (allowed is not None and not bool(allowed[i, slot, move])):
+                self.illegal += 1
+                continue  # the random allowed move stands
+            out[i, slot] = move
+        return out
+
+
+def _action_index(action: Any) -> int | None:
+    """A discrete action as an int (a Python or numpy integer, a 0-d array or tensor), else None."""
+    try:
+        return operator.index(action.item() if hasattr(action, "item") else action)
+    except (TypeError, ValueError):
+        return None
+
+
+def outside_player(spec: str) -> OutsidePlayer:
+    """The callable `module:attr` (importable from the current directory too) as an `OutsidePlayer`."""
+    module, _, attr = spec.partition(":")
+    if not module or not attr or not all(p.isidentifier() for p in (*module.split("."), *attr.split("."))):
+        raise ConfigError(f"--vs '{spec}' must name a callable as module:attr (e.g. mypkg.bots:act)")
+    try:
+        obj: Any = import_user_module(module)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except AttributeError:
+        raise ConfigError(f"--vs '{spec}': module '{module}' has no '{attr}'") from None
+    except Exception as e:  # the user's module failed to import
+        raise ConfigError(f"--vs '{spec}': cannot import '{module}': {one_line(e)}") from None
+    if not callable(obj):
+        raise ConfigError(f"--vs '{spec}': '{attr}' is a {type(obj).__name__}, not a callable")
+    return OutsidePlayer(obj, spec)
+
+
+def is_outside_name(name: str) -> bool:
+    """Whether a --vs name is a callable's module:attr (not a scripted name, random or snapshot:NAME)."""
+    return ":" in name and not name.startswith(("snapshot:", "run:"))
+
+
+# A trained policy, a callable written outside Phalanx, a scripted policy's name, or random play (None or "random").
+Player = Policy | OutsidePlayer | str | None
 
 
 def play(player: Player, env: VecEnv, rec: StepRecord, draws: Source, reset: torch.Tensor | None, greedy: bool) -> torch.Tensor:
@@ -27,6 +101,8 @@ def play(player: Player, env: VecEnv, rec: StepRecord, draws: Source, reset: tor
     a scripted name, or random play (None or "random")."""
     if player is None or player == "random":
         return random_actions(env, draws, rec.action_mask)
+    if isinstance(player, OutsidePlayer):
+        return player.actions(env, rec, draws)
     if isinstance(player, str):
         return env.scripted_actions(player, rec, draws)
     return player.act(rec.obs, greedy=greedy, generator=draws, reset=reset, active=rec.active, mask=rec.action_mask)
@@ -95,6 +171,8 @@ class SlotPlan:
             player, mine = self.players[i], who == i
             if self.columns is not None and isinstance(player, Policy) and not player.recurrent:
                 actions = self._fill_columns(actions, mine, player, rec, draws, greedy, rows_only)
+            elif isinstance(player, OutsidePlayer):  # asked only for the moves it makes
+                actions = fill_slots(actions, mine, player.actions(self.env, rec, draws, mine))
             else:
                 actions = fill_slots(actions, mine, play(player, self.env, rec, draws, reset, greedy))
         return actions

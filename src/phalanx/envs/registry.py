@@ -192,7 +192,8 @@ def _as_spec(name: str, obj: Any, origin: str, source: str | None = None) -> Env
                       "(num_envs=, device=, seed=, **options) -> VecEnv")
 
 
-def _import(module: str) -> Any:
+def import_user_module(module: str) -> Any:
+    """`module` imported, from the current directory too (a console script's path does not hold it)."""
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as e:
@@ -208,7 +209,7 @@ def _plugin(name: str) -> EnvSpec | None:
     if module in _prefixes() or not attr.isidentifier() or not all(p.isidentifier() for p in module.split(".")):
         return None
     try:
-        mod = _import(module)
+        mod = import_user_module(module)
     except ModuleNotFoundError as e:
         if e.name is not None and module.startswith(e.name):
             return None  # no such module: an unknown env
