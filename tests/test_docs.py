@@ -1,5 +1,5 @@
 """The documentation holds together: every link, every cited page and every repository path the pages and the
-docstrings cite resolve inside the repository, nothing points outside it, cli.py's docstring lists every command,
+docstrings cite resolve inside the repository, nothing points outside it, the cli's docstring lists every command,
 and the README stays short. Standard library only (no torch, no phalanx import)."""
 
 from __future__ import annotations
@@ -241,7 +241,7 @@ def test_the_path_check_catches_what_it_should():
     for stale in ("train.py", "src/phalanx/train.py", "bench/nosuch.py", "phalanx/bench.py", "models/kinds.py",
                   "scripts/nosuch.sh", "bench/results/nosuch/out.json"):
         assert missing_citation(stale, files), stale
-    for fine in ("rollout.py", "src/phalanx/cli.py", "bench/soak.py", "models/registry.py", "league/sampling.py",
+    for fine in ("rollout.py", "src/phalanx/cli/__init__.py", "bench/soak.py", "models/registry.py", "league/sampling.py",
                  "phalanx_bench/main.py", "tests/test_docs.py", "bench/results/bench.md", "docs/", "src/phalanx/...",
                  "league/snapshots/", "runs/x/model.safetensors", "ppo_continuous_action.py", "scripts/setup.sh."):
         assert missing_citation(fine, files) is None, fine
@@ -250,7 +250,7 @@ def test_the_path_check_catches_what_it_should():
 def test_the_cli_docstring_lists_every_command():
     import ast
 
-    cli = ROOT / "src" / "phalanx" / "cli.py"
+    cli = ROOT / "src" / "phalanx" / "cli" / "__init__.py"
     tree = ast.parse(cli.read_text(encoding="utf-8"))
     commands = {n.args[0].value for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
                 and n.func.attr == "add_parser" and n.args and isinstance(n.args[0], ast.Constant)}
@@ -259,4 +259,4 @@ def test_the_cli_docstring_lists_every_command():
     assert {"train", "eval", "export", "bench"} <= commands
     doc = ast.get_docstring(tree)
     missing = sorted(c for c in commands if not re.search(rf"phalanx {re.escape(c)}\b", doc))
-    assert not missing, f"cli.py's docstring does not list: {', '.join(missing)}"
+    assert not missing, f"the cli's docstring does not list: {', '.join(missing)}"
