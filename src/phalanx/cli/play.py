@@ -1,0 +1,189 @@
+"""`phalanx eval` (against scripted teams, random play or league snapshots) and `phalanx league`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from phalanx import checkpoint as ckpt
+from phalanx.cli.options import (
+    apply_compute_flags,
+    at_least_one,
+    parse_env_options,
+    refuse_unknown_options,
+)
+from phalanx.envs import registry
+from phalanx.errors import CheckpointError, PhalanxError
+from phalanx.evaluate import evaluate_policy
+from phalanx.league import LEAGUE_FILE, Ratings, load_snapshot
+from phalanx.policy import load
+from phalanx.record import record_episode
+
+
+def cmd_eval(args: argparse.Namespace, extra: list[str] | None = None) -> int:
+    at_least_one("eval", episodes=args.episodes)
+    apply_compute_flags("eval", args)
+    policy = load(args.run_dir, device=args.device)
+    cfg = policy.config
+    # Env options given here (e.g. --approach-weight 0: the reward without a training-only term) override the run's.
+    given = parse_env_options(extra or [])
+    refuse_unknown_options(cfg.env, given, "an eval flag (`phalanx eval --help`)")
+    overrides = registry.resolve_options(cfg.env, given)
+    if overrides:
+        cfg = dataclasses.replace(cfg, env_options={**cfg.env_options, **overrides})
+    common = dict(env_options=cfg.env_options, episodes=args.episodes, seed=args.seed, device=policy.device)
+    if args.record:
+        opponent = None
+        if cfg.opponents:  # a league run: the first --vs opponent, else the env's first scripted one
+            names = [v.strip() for v in (args.vs or "").split(",") if v.strip()]
+            opponent = names[0] if names else "random"
+        info = record_episode(policy, cfg.env, args.record, cfg.env_options, greedy=not args.sample, seed=args.seed,
+                              opponent=opponent, device=policy.device)
+        print(f"recorded {info['steps']} steps ({info['frames']} frames, return {info['return']:.2f}) to {info['path']}",
+              file=sys.stderr)
+    res = evaluate_policy(policy, cfg.env, greedy=not args.sample, teammates=cfg.teammates, **common)
+    other_mode = "greedy_play" if args.sample else "sampled_play"
+    if not cfg.opponents:  # greedy and sampled play side by side: one number can hide the policy
+        other = evaluate_policy(policy, cfg.env, greedy=args.sample, teammates=cfg.teammates, **common)
+        res[other_mode] = {k: v for k, v in other.items()
+                           if k.startswith("mean_") or k in ("success_rate", "median_steps_to_goal")}
+    res["checkpoint_step"] = policy.step
+    if not args.vs:
+        if args.json:
+            print(json.dumps(res))
+            return 0
+        mode = "greedy" if res["greedy"] else "sampled"
+        print(f"{cfg.env} ({mode}, {res['episodes']} episodes; {_evaluated(args.run_dir, policy.step)})")
+        names = _return_names(policy.model.num_agents)
+        for k, v in res.items():
+            if isinstance(v, float) and k in names and names[k] is None:
+                continue
+            if isinstance(v, float):
+                print(f"  {names.get(k) or k:<26} {v:.3f}")
+            elif isinstance(v, dict):
+                print(f"  {k.replace('_', ' ')}: " + ", ".join(f"{names.get(a) or a} {b:.3f}" for a, b in v.items()
+                                                              if a not in names or names[a] is not None))
+        return 0
+    if cfg.opponents:
+        return _eval_head_to_head(args, policy, common)
+    table = {"learned": res}
+    for name in [v.strip() for v in args.vs.split(",") if v.strip()]:
+        table[name] = evaluate_policy(None if name == "random" else name, cfg.env, greedy=False, **common)
+    if args.json:
+        print(json.dumps(table))
+        return 0
+    # The env's own copies of return and length would repeat columns.
+    skip = ("mean_return", "mean_agent_return", "mean_length", "mean_team_return", "mean_nights")
+    extra = sorted({k for r in table.values() for k in r if k.startswith("mean_") and k not in skip})
+    cols = ["mean_return", "mean_agent_return", *extra, "mean_length"]
+    heads = ["team return" if policy.model.num_agents > 1 else "return", "per agent", *[k[5:] for k in extra], "length"]
+    print(f"{cfg.env} {cfg.env_options or ''} ({args.episodes} episodes each; learned = {'sampled' if args.sample else 'greedy'}, "
+          f"{_evaluated(args.run_dir, policy.step)})")
+    widths = [_col_width(h) for h in heads]
+    print(f"{'policy':<18}" + "".join(f"{h:>{w}}" for h, w in zip(heads, widths)))
+    rows = list(table.items())
+    if other_mode in res:
+        rows.insert(1, (f"learned, {other_mode.split('_')[0]}", res[other_mode]))
+    for name, r in rows:
+        print(f"{name:<18}" + "".join(f"{r.get(c, float('nan')):>{w}.2f}" for c, w in zip(cols, widths)))
+    return 0
+
+
+def _evaluated(run_dir: str, step: int | None) -> str:
+    return f"checkpoint of step {step:,} in {run_dir}" if step is not None else f"latest checkpoint in {run_dir}"
+
+
+def _return_names(num_agents: int) -> dict[str, str | None]:
+    """How `eval` prints the return keys: whether each is a team's (slots summed) or one agent's; None: not
+    printed (with one slot the per-agent return repeats the return)."""
+    if num_agents == 1:
+        return {"mean_return": "mean return", "median_return": "median return", "std_return": "std of return",
+                "mean_agent_return": None}
+    return {"mean_return": "mean team return", "median_return": "median team return", "std_return": "std of team return",
+            "mean_agent_return": "mean return per agent"}
+
+
+def _col_width(head: str) -> int:
+    """Table column width: at least 16, and always two spaces before a long heading."""
+    return max(16, len(head) + 2)
+
+
+def _eval_head_to_head(args: argparse.Namespace, policy: Any, common: dict[str, Any]) -> int:
+    """A league run: the learner against each --vs opponent; the games also update the ratings."""
+
+    cfg, run_dir = policy.config, Path(args.run_dir)
+    league_path = run_dir / LEAGUE_FILE
+    state = json.loads(league_path.read_text()) if league_path.is_file() else None
+    snapshots = sorted((o["step"], o["name"]) for o in (state or {}).get("opponents", []) if o["kind"] == "snapshot")
+    table: dict[str, Any] = {}
+    for name in [v.strip() for v in args.vs.split(",") if v.strip()]:
+        opponent: Any = name
+        if name.startswith("snapshot:"):
+            want = name.split(":", 1)[1]
+            if want == "LATEST":
+                if not snapshots:
+                    raise PhalanxError(f"run '{run_dir}' has no league snapshots for '{name}'")
+                want = snapshots[-1][1]
+            opponent = load_snapshot(run_dir, want, policy)
+            name = want
+        table[name] = r = evaluate_policy(policy, cfg.env, greedy=not args.sample, opponent=opponent, **common)
+        if state is not None and name != "random" and "wins" in r:
+            ratings = Ratings.from_json(state["ratings"])
+            ratings.record_counts(name, r["wins"], r["draws"], r["losses"])
+            state["ratings"] = ratings.to_json()
+            r["learner_rating"] = ratings.players["learner"].ordinal
+            r["opponent_rating"] = ratings.players[name].ordinal
+    if state is not None:
+        ckpt.write_json_atomic(league_path, state)
+    if args.json:
+        print(json.dumps({"vs": table}))
+        return 0
+    print(f"{cfg.env}: learner ({'sampled' if args.sample else 'greedy'}, {_evaluated(args.run_dir, policy.step)}) vs each "
+          f"opponent, {args.episodes} matches each")
+    extra = sorted({k for r in table.values() for k in r if k.startswith("mean_") and k not in
+                    ("mean_return", "mean_agent_return", "mean_length", "mean_win", "mean_draw", "mean_loss")})
+    widths = [_col_width(k[5:]) for k in extra]
+    print(f"{'opponent':<24}{'win':>6}{'draw':>6}{'loss':>6}{'win rate [95% CI]':>22}" + "".join(f"{k[5:]:>{w}}" for k, w in zip(extra, widths)))
+    for name, r in table.items():
+        lo, hi = r["win_rate_ci95"]
+        ci = f"{r['win_rate']:.2f} [{lo:.2f}, {hi:.2f}]"
+        print(f"{name:<24}{r['wins']:>6}{r['draws']:>6}{r['losses']:>6}{ci:>22}"
+              + "".join(f"{r.get(k, float('nan')):>{w}.2f}" for k, w in zip(extra, widths)))
+    return 0
+
+
+def cmd_league(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run_dir)
+    path = run_dir / LEAGUE_FILE
+    try:
+        state = json.loads(path.read_text())
+    except FileNotFoundError:
+        try:
+            _, _, meta = ckpt.load_checkpoint(ckpt.latest_checkpoint(run_dir))
+        except CheckpointError:
+            raise PhalanxError(f"'{run_dir}' has no league (train with --opponents to make one)") from None
+        if "league" not in meta:
+            raise PhalanxError(f"'{run_dir}' has no league (train with --opponents to make one)") from None
+        state = meta["league"]
+    except json.JSONDecodeError as e:
+        raise PhalanxError(f"league file '{path}' is not valid JSON: {e}") from None
+    rows = Ratings.from_json(state["ratings"]).table()
+    pool = {o["name"]: o for o in state["opponents"]}
+    for r in rows:
+        o = pool.get(r["name"])
+        r["status"] = "learner" if r["name"] == "learner" else (
+            "scripted" if o and o["kind"] == "scripted" else
+            "pinned" if o and o["pinned"] else "pool" if o and not o["retired"] else "retired")
+    if args.json:
+        print(json.dumps({"step": state["step"], "ratings": rows}))
+        return 0
+    print(f"league of {run_dir} at step {state['step']:,} (rating = mu - 3 sigma, OpenSkill Plackett-Luce)")
+    print(f"{'name':<26}{'status':>9}{'rating':>9}{'mu':>8}{'sigma':>8}{'games':>8}{'learner win rate vs it':>24}")
+    for r in rows:
+        wr = "" if r["learner_win_rate"] is None else f"{r['learner_win_rate']:.2f}"
+        print(f"{r['name']:<26}{r['status']:>9}{r['rating']:>9.2f}{r['mu']:>8.2f}{r['sigma']:>8.2f}{r['games']:>8}{wr:>24}")
+    return 0
