@@ -105,3 +105,26 @@ def test_an_outside_callable_plays_both_seats_and_its_illegal_moves_are_counted_
     cartpole = make("cartpole", num_envs=1)
     with pytest.raises(ConfigError, match="turn-based PettingZoo envs"):
         OutsidePlayer(_first_square, "x").actions(cartpole, cartpole.reset(), torch.Generator())
+
+
+def test_eval_vs_a_callable_plays_both_seats_from_the_command_line(tmp_path, capsys):
+    import json
+
+    run = str(tmp_path / "run")
+    assert main(["train", "--env", TICTACTOE, "--total-steps", "512", "--num-envs", "4", "--num-steps", "64",
+                 "--run-dir", run, "--progress", "false", "--tensorboard", "false"]) == 0
+    capsys.readouterr()
+    assert main(["eval", run, "--vs", "bench.games.tictactoe:act,random", "--episodes", "10", "--json"]) == 0
+    table = json.loads(capsys.readouterr().out)["vs"]
+    perfect = table["bench.games.tictactoe:act"]
+    assert perfect["first"]["wins"] == perfect["second"]["wins"] == 0  # perfect play never loses
+    assert perfect["opponent_illegal_moves"] == 0 and perfect["opponent_moves"] > 0
+    assert table["random"]["first"]["episodes"] == table["random"]["second"]["episodes"] == 10
+    assert main(["eval", run, "--vs", "bench.games.tictactoe:act", "--episodes", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "first" in out and "second" in out and "0 of" in out
+    for bad, message in (("nomodule_xyz:act", "cannot import 'nomodule_xyz'"),
+                         ("bench.games.tictactoe:nothing", "has no 'nothing'")):
+        assert main(["eval", run, "--vs", bad, "--episodes", "2"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and message in err and "Traceback" not in err, err

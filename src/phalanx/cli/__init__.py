@@ -115,7 +115,9 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     pe.add_argument("--json", action="store_true", help="print one JSON object")
     pe.add_argument("--seed", type=int, default=12345, help="seed of the evaluation envs and the sampled actions [12345]")
     pe.add_argument("--vs", metavar="NAMES", help="comma list of scripted teams (see `phalanx envs`) and/or random to compare against; "
-                    "for a league run, opponents for head-to-head matches: scripted names, random, snapshot:LATEST, snapshot:NAME")
+                    "for a league run, opponents for head-to-head matches: scripted names, random, snapshot:LATEST, snapshot:NAME; "
+                    "for a turn-based PettingZoo env, module:callable players over its observation dict too (each played from "
+                    "both seats, their illegal moves counted and not played)")
     _compute_flags(pe)
     pe.add_argument("--record", metavar="FILE", help="also write one episode as an animation (.gif, or .mp4 with imageio-ffmpeg)")
     pl = sub.add_parser("league", help="print a self-play run's rating table")

@@ -1,4 +1,5 @@
-"""`phalanx eval` (against scripted teams, random play or league snapshots) and `phalanx league`."""
+"""`phalanx eval` (against scripted teams, random play, league snapshots or players written outside Phalanx) and
+`phalanx league`."""
 
 from __future__ import annotations
 
@@ -18,10 +19,11 @@ from phalanx.cli.options import (
 )
 from phalanx.envs import registry
 from phalanx.errors import CheckpointError, PhalanxError
-from phalanx.evaluate import evaluate_policy
+from phalanx.evaluate import evaluate_policy, evaluate_seats
 from phalanx.league import LEAGUE_FILE, Ratings, load_snapshot
 from phalanx.policy import load
 from phalanx.record import record_episode
+from phalanx.slots import is_outside_name, outside_player
 
 
 def cmd_eval(args: argparse.Namespace, extra: list[str] | None = None) -> int:
@@ -45,6 +47,9 @@ def cmd_eval(args: argparse.Namespace, extra: list[str] | None = None) -> int:
                               opponent=opponent, device=policy.device)
         print(f"recorded {info['steps']} steps ({info['frames']} frames, return {info['return']:.2f}) to {info['path']}",
               file=sys.stderr)
+    names = [v.strip() for v in (args.vs or "").split(",") if v.strip()]
+    if any(is_outside_name(n) for n in names):
+        return _eval_seats(args, policy, names, common)
     res = evaluate_policy(policy, cfg.env, greedy=not args.sample, teammates=cfg.teammates, **common)
     other_mode = "greedy_play" if args.sample else "sampled_play"
     if not cfg.opponents:  # greedy and sampled play side by side: one number can hide the policy
@@ -110,6 +115,30 @@ def _return_names(num_agents: int) -> dict[str, str | None]:
 def _col_width(head: str) -> int:
     """Table column width: at least 16, and always two spaces before a long heading."""
     return max(16, len(head) + 2)
+
+
+def _eval_seats(args: argparse.Namespace, policy: Any, names: list[str], common: dict[str, Any]) -> int:
+    """`--vs` naming players written outside Phalanx (module:callable, turn-based PettingZoo envs): the policy against
+    each --vs player from each seat; an outside player's illegal moves are counted, not played."""
+    cfg = policy.config
+    table = {name: evaluate_seats(policy, cfg.env, outside_player(name) if is_outside_name(name) else name,
+                                  greedy=not args.sample, **common) for name in names}
+    if args.json:
+        print(json.dumps({"vs": table}))
+        return 0
+    print(f"{cfg.env}: learner ({'sampled' if args.sample else 'greedy'}, {_evaluated(args.run_dir, policy.step)}) vs each "
+          f"player from each seat, {args.episodes} games a seat")
+    width = max(24, *(len(n) + 2 for n in names))
+    print(f"{'opponent':<{width}}{'seat':>8}{'win':>6}{'draw':>6}{'loss':>6}{'win rate [95% CI]':>22}{'its illegal moves':>20}")
+    for name, r in table.items():
+        illegal = f"{r['opponent_illegal_moves']} of {r['opponent_moves']}" if "opponent_moves" in r else "-"
+        for seat in ("first", "second"):
+            s = r[seat]
+            lo, hi = s["win_rate_ci95"]
+            ci = f"{s['win_rate']:.2f} [{lo:.2f}, {hi:.2f}]"
+            print(f"{name if seat == 'first' else '':<{width}}{seat:>8}{s['wins']:>6}{s['draws']:>6}{s['losses']:>6}{ci:>22}"
+                  f"{illegal if seat == 'first' else '':>20}")
+    return 0
 
 
 def _eval_head_to_head(args: argparse.Namespace, policy: Any, common: dict[str, Any]) -> int:
