@@ -35,15 +35,8 @@ from phalanx.algo.ppo import VECTOR_GATHER_MIN_ROWS
 from phalanx.config import Config, params_of
 from phalanx.envs.spaces import Box, Discrete, MultiDiscrete
 from phalanx.models import distributions as D
-from phalanx.models.mlp import (
-    NARROW_INPUT_MAX_FEATURES,
-    NARROW_WEIGHT_GRAD_MIN_ROWS,
-    ActionHead,
-    FastTanh,
-    Linear,
-    MLPActorCritic,
-    _rational_tanh,
-)
+from phalanx.models.layers import NARROW_INPUT_MAX_FEATURES, NARROW_WEIGHT_GRAD_MIN_ROWS, FastTanh, Linear, _rational_tanh
+from phalanx.models.mlp import ActionHead, MLPActorCritic
 
 F64 = torch.float64
 

@@ -27,11 +27,12 @@ from torch import nn
 from phalanx.envs.spaces import Box, Discrete, MultiDiscrete, Space
 from phalanx.errors import PhalanxError
 from phalanx.models.cnn import CNNActorCritic, CNNMemoryActorCritic
+from phalanx.models.layers import FastTanh
 from phalanx.models.memory import LSTMActorCritic, TransformerActorCritic
-from phalanx.models.mlp import ActionHead, FastTanh, MLPActorCritic
+from phalanx.models.mlp import ActionHead, MLPActorCritic
 from phalanx.models.role_attention import RoleAttentionActorCritic
-from phalanx.models.strategy import StrategyActorCritic
 from phalanx.models.state import MemoryState
+from phalanx.models.strategy import StrategyActorCritic
 from phalanx.policy import Policy, frozen_copy
 
 OBS = "obs"

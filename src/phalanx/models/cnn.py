@@ -19,8 +19,9 @@ from torch import nn
 from phalanx.draws import Source
 from phalanx.envs.spaces import Space
 from phalanx.model_kinds import LSTM, TRANSFORMER
+from phalanx.models.layers import ACTIVATIONS, Linear, layer_init
 from phalanx.models.memory import LSTMActorCritic, MemorySettings, TransformerActorCritic
-from phalanx.models.mlp import ACTIVATIONS, ActionHead, Linear, layer_init
+from phalanx.models.mlp import ActionHead
 from phalanx.models.state import NoMemory
 
 MEMORY_CORES = {LSTM.name: LSTMActorCritic, TRANSFORMER.name: TransformerActorCritic}

@@ -72,7 +72,8 @@ from torch import nn
 from phalanx.algo.scan import linear_scan
 from phalanx.draws import Source
 from phalanx.envs.spaces import Space
-from phalanx.models.mlp import ACTIVATIONS, ActionHead, Linear, layer_init, mlp
+from phalanx.models.layers import ACTIVATIONS, Linear, layer_init, mlp
+from phalanx.models.mlp import ActionHead
 from phalanx.models.state import MemoryState
 
 

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from phalanx.models.layers import ACTIVATIONS, Linear, layer_init
 from phalanx.models.memory import (
     CausalTransformerCore,
     KVCache,
@@ -30,7 +31,6 @@ from phalanx.models.memory import (
     MemorySettings,
     _MemoryActorCritic,
 )
-from phalanx.models.mlp import ACTIVATIONS, Linear, layer_init
 from phalanx.models.state import MemoryState
 
 
