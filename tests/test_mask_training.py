@@ -99,9 +99,9 @@ def test_the_export_of_an_unmasked_run_takes_no_mask(tmp_path):
     assert ACTION_MASK not in [s.name for s in DeployedPolicy(result.policy).inputs]
 
 
-@pytest.mark.xfail(strict=True, reason="run_state.rollout_tensors / load_rollout keep the record's obs, active and state but "
-                   "not its action_mask: a resumed run acts on the mask of a fresh reset (run_state.py is issue 49's)")
 def test_resume_of_a_masked_run_is_bit_identical(tmp_path):
+    """The checkpoint keeps the record's action mask: a resumed run acted on a fresh reset's and played a forbidden
+    action (seen failing as a strict xfail before the fix)."""
     from safetensors.torch import load_file
 
     from phalanx import checkpoint as ckpt

@@ -155,6 +155,8 @@ def rollout_tensors(rollout: Playing) -> dict[str, torch.Tensor]:
     out["record.obs"], out["record.active"] = rec.obs, rec.active
     if rec.state is not None:
         out["record.state"] = rec.state
+    if rec.action_mask is not None:  # the next step acts under it: a fresh reset's mask allowed an illegal move
+        out["record.action_mask"] = rec.action_mask
     out.update({f"trainer.{k}": v for k, v in rollout.counters.state_tensors().items()})
     out["trainer.prev_done"] = rollout.prev_done
     out.update({f"memory.{k}": v for k, v in rollout.memory.tensors().items()})
@@ -171,6 +173,8 @@ def load_rollout(rollout: Playing, tensors: dict[str, torch.Tensor]) -> None:
     rec.active = tensors["record.active"].to(dev)
     if "record.state" in tensors:
         rec.state = tensors["record.state"].to(dev)
+    if "record.action_mask" in tensors:
+        rec.action_mask = tensors["record.action_mask"].to(dev)
     rollout.counters.load_state(ckpt.section(tensors, "trainer"))
     if "trainer.prev_done" in tensors:  # older checkpoints of memoryless runs lack it (it resets teammates' memory)
         rollout.prev_done = tensors["trainer.prev_done"].to(dev)
