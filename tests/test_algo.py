@@ -28,6 +28,7 @@ from phalanx.algo import (
     explained_variance,
     masked_mean,
     minibatch_step,
+    pending_bootstrap,
     ppo_losses,
     ppo_update,
 )
@@ -890,7 +891,7 @@ def test_gae_is_a_parallel_scan_matching_the_reference_on_long_rollouts():
         active, te = torch.rand(T, 3, generator=g) < 0.8, torch.rand(T, 3, generator=g) < 0.05
         Calls.n = 0
         with Calls():
-            adv, _ = compute_gae(r, v, nv, term, trunc, 0.99, 0.95, active=active, trial_end=te)
+            adv, _ = compute_gae(r, v, nv, term, trunc, 0.99, 0.95, active=active, trial_end=te, trial_bootstrap="continue")
         counts[T] = Calls.n
         for n in range(3):
             col = lambda x: x[:, n].tolist()  # noqa: E731
@@ -1047,3 +1048,14 @@ def test_minibatch_gather_picks_the_same_rows_however_it_gathers(rows):
         got, full = getattr(part, name), getattr(batch, name)
         want = full[idx]
         assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want), name
+
+
+def test_trial_ends_without_a_trial_bootstrap_rule_are_refused():
+    """The rule's one default is the config's (trial_bootstrap); the pure functions take it where trial ends are given."""
+    z = torch.zeros(3, 2)
+    no = torch.zeros(3, 2, dtype=torch.bool)
+    with pytest.raises(ValueError, match="trial_bootstrap must be 'continue' or 'stop' where trial ends are given"):
+        compute_gae(z, z, z, no, no, 0.99, 0.95, trial_end=no)
+    with pytest.raises(ValueError, match="trial_bootstrap"):
+        pending_bootstrap(~no, no, no, torch.ones(2, dtype=torch.bool), trial_end=no)
+    compute_gae(z, z, z, no, no, 0.99, 0.95)  # without trial ends the rule does not matter

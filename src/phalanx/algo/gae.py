@@ -29,7 +29,7 @@ def compute_gae(
     gae_lambda: float,
     active: torch.Tensor | None = None,
     trial_end: torch.Tensor | None = None,
-    trial_bootstrap: str = "continue",
+    trial_bootstrap: str | None = None,
     active_after: torch.Tensor | None = None,
     idle_rewards: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -39,8 +39,8 @@ def compute_gae(
     V(final_obs_t): a truncation bootstraps from it, a termination ignores it. Inactive steps get
     zero advantage and leave the running estimate untouched, so value flows across them from
     the next active step, unless the step before the gap ended its episode: it keeps its own
-    bootstrap. With `trial_bootstrap="stop"` a trial end cuts the trace like a
-    termination; with "continue" value flows across it.
+    bootstrap. With `trial_end`, `trial_bootstrap` says what a trial end does (config key trial_bootstrap, its one
+    default): "stop" cuts the trace like a termination; with "continue" value flows across it.
 
     `active_after [...]` says which slots act right after the rollout (None: all): a gap that runs to
     the rollout's end bootstraps from `next_values[-1]`, V of that next observation, where the slot
@@ -54,8 +54,7 @@ def compute_gae(
     active step or the step that ends its episode. Otherwise a reward on an inactive step is ignored (envs that
     are not turn-based give none there: check-env).
     """
-    if trial_bootstrap not in ("continue", "stop"):
-        raise ValueError(f"trial_bootstrap must be 'continue' or 'stop', got {trial_bootstrap!r}")
+    _check_trial_bootstrap(trial_end, trial_bootstrap)
     not_term = (~terminated).to(rewards.dtype)
     if trial_end is not None and trial_bootstrap == "stop":
         not_term = not_term * (~trial_end).to(rewards.dtype)
@@ -107,11 +106,12 @@ def pending_bootstrap(
     truncated: torch.Tensor,
     active_after: torch.Tensor,
     trial_end: torch.Tensor | None = None,
-    trial_bootstrap: str = "continue",
+    trial_bootstrap: str | None = None,
 ) -> torch.Tensor:
     """[T, ...] bool: the active steps whose bootstrap lies beyond the rollout: the episode goes on, and the
     slot acts at no later step of the rollout, nor right after it (`active_after`), and no episode end is
     flagged in between. `compute_gae` gives them advantage 0; the update leaves them out."""
+    _check_trial_bootstrap(trial_end, trial_bootstrap)
     ended = _ended(terminated, truncated, trial_end, trial_bootstrap)
     act = active.float()
     ended_here = (1.0 - act) * ended.float()
@@ -119,8 +119,13 @@ def pending_bootstrap(
     return active & ~ended & (known == 0)
 
 
+def _check_trial_bootstrap(trial_end: torch.Tensor | None, trial_bootstrap: str | None) -> None:
+    if trial_end is not None and trial_bootstrap not in ("continue", "stop"):
+        raise ValueError(f"trial_bootstrap must be 'continue' or 'stop' where trial ends are given, got {trial_bootstrap!r}")
+
+
 def _ended(terminated: torch.Tensor, truncated: torch.Tensor, trial_end: torch.Tensor | None,
-           trial_bootstrap: str) -> torch.Tensor:
+           trial_bootstrap: str | None) -> torch.Tensor:
     ended = terminated | truncated
     return ended | trial_end if trial_end is not None and trial_bootstrap == "stop" else ended
 
