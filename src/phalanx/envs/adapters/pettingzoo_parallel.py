@@ -236,12 +236,7 @@ class PettingZooVecEnv(VecEnv):
                 for ag in env.agents:
                     active[i, self._slot[ag]] = True
         self._active = active
-        info = {
-            "episode_return": self._t(np.where(ep_done, self._ep_return, 0.0), torch.float32),
-            "episode_length": self._t(np.where(ep_done, self._ep_length, 0), torch.float32),
-        }
-        self._ep_return[ep_done] = 0
-        self._ep_length[ep_done] = 0
+        info = self._episode_info(ep_done)
         return StepRecord(
             obs=self._t(obs_buf, self._obs_dtype),
             reward=self._t(reward, torch.float32),
@@ -254,6 +249,16 @@ class PettingZooVecEnv(VecEnv):
             final_state=None if final_state is None else self._t(final_state, torch.float32),
             info=info,
         )
+
+    def _episode_info(self, ep_done: np.ndarray) -> dict[str, torch.Tensor]:
+        """The return and length of the episodes that ended (0 elsewhere), their counters started afresh."""
+        info = {
+            "episode_return": self._t(np.where(ep_done, self._ep_return, 0.0), torch.float32),
+            "episode_length": self._t(np.where(ep_done, self._ep_length, 0), torch.float32),
+        }
+        self._ep_return[ep_done] = 0
+        self._ep_length[ep_done] = 0
+        return info
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Empty: PettingZoo envs cannot be restored bit-identically (a resume keeps their episodes)."""

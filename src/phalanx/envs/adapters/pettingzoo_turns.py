@@ -237,12 +237,7 @@ class PettingZooTurnsVecEnv(PettingZooVecEnv):
             else:
                 self._take_turn(i, *turn, obs_buf, mask_buf)
         ended = (term | trunc).reshape(n, a, *(1,) * len(self._obs_shape))
-        info = {
-            "episode_return": self._t(np.where(ep_done, self._ep_return, 0.0), torch.float32),
-            "episode_length": self._t(np.where(ep_done, self._ep_length, 0), torch.float32),
-        }
-        self._ep_return[ep_done] = 0
-        self._ep_length[ep_done] = 0
+        info = self._episode_info(ep_done)
         return StepRecord(
             obs=self._t(obs_buf, self._obs_dtype),
             reward=self._t(reward, torch.float32),
