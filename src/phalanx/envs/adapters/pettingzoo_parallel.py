@@ -179,6 +179,11 @@ class PettingZooVecEnv(VecEnv):
             self._fill(i, obs, list(env.agents), obs_buf)
             for ag in env.agents:
                 self._active[i, self._slot[ag]] = True
+        return self._reset_record(obs_buf, self._active)
+
+    def _reset_record(self, obs_buf: np.ndarray, active: np.ndarray, action_mask: torch.Tensor | None = None) -> StepRecord:
+        """The record of a reset: the first observations, nothing ended, the episode counters started afresh."""
+        n, a = self.num_envs, self.num_agents
         self._ep_return[:] = 0
         self._ep_length[:] = 0
         o = self._t(obs_buf, self._obs_dtype)
@@ -186,8 +191,8 @@ class PettingZooVecEnv(VecEnv):
         st = self._states()
         state = None if st is None else self._t(st, torch.float32)
         return StepRecord(obs=o, reward=torch.zeros(n, a, device=self.device), terminated=false,
-                          truncated=false.clone(), active=self._t(self._active, torch.bool),
-                          trial_end=false.clone(), final_obs=o, state=state, final_state=state)
+                          truncated=false.clone(), active=self._t(active, torch.bool),
+                          trial_end=false.clone(), final_obs=o, state=state, final_state=state, action_mask=action_mask)
 
     def step(self, actions: torch.Tensor) -> StepRecord:
         actions = self.action_space.check(actions, self.num_envs, self.num_agents, values=True)

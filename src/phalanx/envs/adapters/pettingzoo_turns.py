@@ -195,20 +195,10 @@ class PettingZooTurnsVecEnv(PettingZooVecEnv):
     def reset(self, seed: int | None = None) -> StepRecord:
         seed = self._pending_seed if seed is None else seed
         self._pending_seed = None
-        n, a = self.num_envs, self.num_agents
         obs_buf, mask_buf = self._buffers()
         for i, env in enumerate(self.envs):
             self._start(i, env, None if seed is None else seed + i, obs_buf, mask_buf)
-        self._ep_return[:] = 0
-        self._ep_length[:] = 0
-        o = self._t(obs_buf, self._obs_dtype)
-        false = torch.zeros(n, a, dtype=torch.bool, device=self.device)
-        st = self._states()
-        state = None if st is None else self._t(st, torch.float32)
-        return StepRecord(obs=o, reward=torch.zeros(n, a, device=self.device), terminated=false,
-                          truncated=false.clone(), active=self._t(self._active_now(), torch.bool),
-                          trial_end=false.clone(), final_obs=o, state=state, final_state=state,
-                          action_mask=self._mask_tensor(mask_buf))
+        return self._reset_record(obs_buf, self._active_now(), self._mask_tensor(mask_buf))
 
     def step(self, actions: torch.Tensor) -> StepRecord:
         actions = self.action_space.check(actions, self.num_envs, self.num_agents, values=True)
