@@ -73,3 +73,8 @@ def player(seed: int | None = None) -> Callable[[dict[str, Any]], int]:
     """A perfect player that picks among equally good moves at random (seeded)."""
     rng = random.Random(seed)
     return lambda observation: rng.choice(best_moves(observation))
+
+
+# A perfect player with its ties broken at random (seed 0), for evaluations whose games should differ:
+# `phalanx eval RUN --vs bench.games.tictactoe:varied`.
+varied = player(seed=0)

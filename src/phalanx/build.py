@@ -31,6 +31,7 @@ from phalanx.envs.check import check_env
 from phalanx.errors import ConfigError
 from phalanx.graphs import GraphedStep
 from phalanx.league import League, parse_mix
+from phalanx.league.seats import SwappedSides, wants_swapped_sides
 from phalanx.models.protocol import ActorCritic
 from phalanx.models.registry import build_model, check_model
 from phalanx.policy import Policy, build_normalizers
@@ -158,6 +159,8 @@ def _build(cfg: Config, run_dir: Path | None, resume: bool, dist: Dist, parts: d
     league = None
     if cfg.opponents:
         learner = ~opponent_slots(A, device)
+        if wants_swapped_sides(cfg.seats, env):
+            env = parts["env"] = SwappedSides(env)
         league = League(cfg, env, run_dir, Policy(model, norms.obs, cfg, env.observation_space, env.action_space), gen)
     # A model that treats every slot alike lets the update leave out the slots it does not train
     # (scripted teammates, league opponents), whose loss terms are masked to zero anyway: half of

@@ -128,6 +128,10 @@ class Config:
         "", "weighted opponent mix drawn per env at each episode reset, e.g. 'self_play:8,based:1.5,constant:0.5' "
         "(self_play: past snapshots; learner: the current policy; or a scripted name); empty: no league"
     )
+    seats: str = _f("auto", "which side of a two-sided env the learner plays in a league: first (always the first "
+                    "side), both (first in half of each env's episodes, second in the others, alternating), or auto (both "
+                    "for turn-based games, whose first mover is the first side; first elsewhere)",
+                    choices=("auto", "first", "both"))
     pool_sampling: str = _f("pfsp", "how self_play picks snapshots: uniform, latest, or pfsp (favour those the learner loses to)",
                             choices=("uniform", "latest", "pfsp"))
     pool_size: int = _f(8, "snapshots kept in the self-play pool (plus pinned ones)", positive=True)

@@ -30,27 +30,33 @@ class OutsidePlayer:
     `illegal` and not played: a uniformly random allowed move stands in for it. One that raises ends the
     evaluation in one line."""
 
-    def __init__(self, act: Callable[[Any], Any], name: str):
-        self.act, self.name = act, name
+    def __init__(self, act: Callable[[Any], Any], name: str, where: str = "--vs"):
+        self.act, self.name, self.where = act, name, where  # `where`: the flag or config key that named it
         self.moves = self.illegal = 0
+
+    def unfit(self, env: VecEnv) -> str:
+        """Why `env` cannot host this player ('' where it can)."""
+        if env.turn_observations() is not None:
+            return ""
+        return (f"a callable opponent plays turn-based PettingZoo envs (pz:module:env of an AEC game); env '{env.name}' "
+                "is not one")
 
     def actions(self, env: VecEnv, rec: StepRecord, draws: Source, mine: torch.Tensor | None = None) -> torch.Tensor:
         """Actions [N, A]: the callable's for the slot to move in each copy where `mine` ([A] or [N, A]; None:
         every slot) holds, random allowed ones elsewhere."""
-        turns = getattr(env, "turn_observations", None)
+        turns = env.turn_observations()
         if turns is None:
-            raise ConfigError(f"--vs {self.name}: a callable opponent plays turn-based PettingZoo envs (pz:module:env of an "
-                              f"AEC game); env '{env.name}' is not one")
+            raise ConfigError(f"{self.where} {self.name}: {self.unfit(env)}")
         out = random_actions(env, draws, rec.action_mask).clone()
         allowed = None if rec.action_mask is None else rec.action_mask.cpu()
         mine = None if mine is None else mine.expand(env.num_envs, env.num_agents).cpu()
-        for i, (slot, obs) in enumerate(turns()):
+        for i, (slot, obs) in enumerate(turns):
             if mine is not None and not bool(mine[i, slot]):
                 continue
             try:
                 action = self.act(obs)
             except Exception as e:  # the user's code: any error ends the evaluation in one line
-                raise PhalanxError(f"--vs {self.name} raised on env copy {i}: {one_line(e)}") from None
+                raise PhalanxError(f"{self.where} {self.name} raised on env copy {i}: {one_line(e)}") from None
             self.moves += 1
             move = _action_index(action)
             n = env.action_space.mask_width if allowed is None else allowed.shape[-1]
@@ -69,22 +75,23 @@ def _action_index(action: Any) -> int | None:
         return None
 
 
-def outside_player(spec: str) -> OutsidePlayer:
-    """The callable `module:attr` (importable from the current directory too) as an `OutsidePlayer`."""
+def outside_player(spec: str, where: str = "--vs") -> OutsidePlayer:
+    """The callable `module:attr` (importable from the current directory too) as an `OutsidePlayer`; `where`: the
+    flag or config key that named it, for the errors."""
     module, _, attr = spec.partition(":")
     if not module or not attr or not all(p.isidentifier() for p in (*module.split("."), *attr.split("."))):
-        raise ConfigError(f"--vs '{spec}' must name a callable as module:attr (e.g. mypkg.bots:act)")
+        raise ConfigError(f"{where} '{spec}' must name a callable as module:attr (e.g. mypkg.bots:act)")
     try:
         obj: Any = import_user_module(module)
         for part in attr.split("."):
             obj = getattr(obj, part)
     except AttributeError:
-        raise ConfigError(f"--vs '{spec}': module '{module}' has no '{attr}'") from None
+        raise ConfigError(f"{where} '{spec}': module '{module}' has no '{attr}'") from None
     except Exception as e:  # the user's module failed to import
-        raise ConfigError(f"--vs '{spec}': cannot import '{module}': {one_line(e)}") from None
+        raise ConfigError(f"{where} '{spec}': cannot import '{module}': {one_line(e)}") from None
     if not callable(obj):
-        raise ConfigError(f"--vs '{spec}': '{attr}' is a {type(obj).__name__}, not a callable")
-    return OutsidePlayer(obj, spec)
+        raise ConfigError(f"{where} '{spec}': '{attr}' is a {type(obj).__name__}, not a callable")
+    return OutsidePlayer(obj, spec, where)
 
 
 def is_outside_name(name: str) -> bool:

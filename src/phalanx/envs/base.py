@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -167,6 +168,12 @@ class VecEnv:
         step can replay their draws.
         """
         raise KeyError(f"env '{self.name}' has no scripted policy '{name}'")
+
+    def turn_observations(self) -> list[tuple[int, Any]] | None:
+        """Per copy, the slot to move and its observation in the game's own form (a turn-based PettingZoo env's
+        observation dict with its action_mask): what a player written outside Phalanx reads
+        (`phalanx eval --vs module:callable`). None where the env has no such form."""
+        return None
 
     def render(self, env_index: int = 0) -> torch.Tensor:
         """Env `env_index`'s current frame as uint8 [H, W, 3] on the CPU (where `renders`)."""

@@ -9,7 +9,12 @@ episode ended. Mix entries (config key `opponents`, e.g. `self_play:8,based:1.5,
   prioritized fictitious self-play; the strategies are league/sampling.py's); with no snapshot
   yet, the current learner plays instead.
 - `learner`: the current learner (its memory kept separately from the learner's own).
-- a scripted policy of the env (`phalanx envs` lists them).
+- a scripted policy of the env (`phalanx envs` lists them), or `random` (uniform over the allowed actions).
+- a player written outside Phalanx, `module:callable` (as `phalanx eval --vs` takes it; turn-based PettingZoo
+  envs), e.g. `self_play:8,bench.games.tictactoe:act:1`.
+
+Seats: where the env's sides swap (seats.py: the learner plays first in half of its games and second in the
+others), games are counted and the learner rated per seat too (`learner@first`, `learner@second`).
 
 Outcomes come from the env's `win` / `draw` info of the learner's first slot where it has them,
 else from comparing the two sides' episode returns.
@@ -31,24 +36,30 @@ from phalanx.errors import CheckpointError, ConfigError
 from phalanx.league.ratings import DRAW, LEARNER, LOSS, WIN, Ratings
 from phalanx.league.sampling import Candidate, pool_sampling
 from phalanx.policy import Policy, frozen_copy, load_frozen
-from phalanx.slots import LEARNER_SLOT, SlotPlan, opponent_slots
+from phalanx.league.seats import SEAT_KEY, SEAT_NAMES
+from phalanx.slots import LEARNER_SLOT, OutsidePlayer, SlotPlan, is_outside_name, opponent_slots, outside_player
 
 SELF_PLAY = "self_play"
+RANDOM = "random"  # uniform over the allowed actions (slots.play)
 SNAPSHOT_DIR = "league/snapshots"
 LEAGUE_FILE = "league/league.json"
 
 
 def parse_mix(text: str, scripted: tuple[str, ...]) -> list[tuple[str, float]]:
-    """'self_play:8,based:1.5' -> [(name, weight)]; errors name the config key and allowed values."""
-    allowed = (SELF_PLAY, LEARNER, *scripted)
+    """'self_play:8,based:1.5,mypkg.bots:act:2' -> [(name, weight)]; a name with a ':' is an outside player
+    (`is_outside_name`). Errors name the config key and allowed values."""
+    allowed = (SELF_PLAY, LEARNER, *scripted, *(() if RANDOM in scripted else (RANDOM,)))
     out: list[tuple[str, float]] = []
     for part in [p.strip() for p in text.split(",") if p.strip()]:
-        name, _, w = part.partition(":")
-        name = name.strip()
-        if name not in allowed:
-            raise ConfigError(f"config key 'opponents' has unknown opponent '{name}'; allowed: {', '.join(allowed)}")
+        fields = [f.strip() for f in part.split(":")]
+        # 'self_play:8' or an outside player's 'mypkg.bots:act:2' (its attr an identifier, never a weight).
+        head = 2 if len(fields) > 1 and fields[0] not in allowed and fields[1].isidentifier() else 1
+        name, w = ":".join(fields[:head]), ":".join(fields[head:])
+        if name not in allowed and not is_outside_name(name):
+            raise ConfigError(f"config key 'opponents' has unknown opponent '{name}'; allowed: {', '.join(allowed)}, "
+                              "or a callable as module:attr")
         try:
-            weight = float(w) if w.strip() else 1.0
+            weight = float(w) if w else 1.0
         except ValueError:
             raise ConfigError(f"config key 'opponents': weight of '{name}' must be a number, got {w!r}") from None
         if not weight >= 0:
@@ -62,11 +73,12 @@ def parse_mix(text: str, scripted: tuple[str, ...]) -> list[tuple[str, float]]:
 @dataclasses.dataclass
 class Opponent:
     name: str
-    kind: str  # "scripted" | "learner" | "snapshot"
+    kind: str  # "scripted" (the env's, or an outside player) | "learner" | "snapshot"
     policy: Policy | None = None  # the learner's copy with its own memory / a bank slot's frozen policy
     step: int = 0
     pinned: bool = False
     retired: bool = False  # out of the pool: no new games, kept until no env plays it
+    outside: OutsidePlayer | None = None  # a scripted opponent written outside Phalanx
 
 
 _SNAPSHOT_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")
@@ -144,16 +156,19 @@ class League:
         self.learner_policy = learner_policy
         self.ratings = Ratings()
         self.learner_as_opponent = copy.copy(learner_policy)  # same weights, its own memory
-        self.players: list[Opponent | None] = [Opponent(n, "scripted") for n in self.mix if n not in (SELF_PLAY, LEARNER)]
+        self.players: list[Opponent | None] = [
+            Opponent(n, "scripted", outside=self._outside(n) if is_outside_name(n) else None)
+            for n in self.mix if n not in (SELF_PLAY, LEARNER)]
         for o in self.players:
             self.ratings.ensure(o.name)
         self.players.append(Opponent(LEARNER, "learner", self.learner_as_opponent))
         self.bank_start = len(self.players)
         self.bank: list[Policy] = []
         # Who plays: players[i] acts where an env's assign is i (the bank's policies, free or not, included).
-        self.plan = SlotPlan(env, [o.policy or o.name for o in self.players], columns=self.slot_index)
+        self.plan = SlotPlan(env, [o.policy or o.outside or o.name for o in self.players], columns=self.slot_index)
         self.weights = torch.zeros(len(self.players), device=self.device)
-        self.counts = torch.zeros(len(self.players), 3, device=self.device)
+        # Finished games per player, by the learner's seat (first, second: seats.py) and outcome.
+        self.counts = torch.zeros(len(self.players), len(SEAT_NAMES), 3, device=self.device)
         self.layout = 0  # bumped where the bank grows: a recorded CUDA graph of the old layout is stale
         # Room for the pool, the run's pinned snapshots (up to 32: each slot is a model copy, and a captured
         # step runs every slot) and one retired snapshot still being played; more grows the bank, which a
@@ -168,6 +183,12 @@ class League:
         self.reset_next = torch.ones(self.N, dtype=torch.bool, device=self.device)
         self.in_use = set(range(len(self.players)))
 
+    def _outside(self, name: str) -> OutsidePlayer:
+        player = outside_player(name, "config key 'opponents'")
+        if player.unfit(self.env):
+            raise ConfigError(f"config key 'opponents': {name}: {player.unfit(self.env)}")
+        return player
+
     def _grow(self, slots: int) -> None:
         """`slots` more bank slots (frozen copies of the learner, free until a snapshot takes one)."""
         grown = [frozen_copy(self.learner_policy) for _ in range(slots)]
@@ -175,7 +196,7 @@ class League:
         self.plan.players += grown
         self.players += [None] * slots
         self.weights = torch.cat([self.weights, self.weights.new_zeros(slots)])
-        self.counts = torch.cat([self.counts, self.counts.new_zeros(slots, 3)])
+        self.counts = torch.cat([self.counts, self.counts.new_zeros(slots, *self.counts.shape[1:])])
         self.layout += 1
 
     @property
@@ -231,7 +252,9 @@ class League:
     def after_step(self, record: Any, env_done: torch.Tensor, side_returns: torch.Tensor, draws: Source) -> None:
         """Count finished games by opponent and draw new opponents where episodes ended."""
         outcome = learner_outcome(record.info, side_returns)
-        self.counts.index_put_((self.assign, outcome), env_done.float(), accumulate=True)
+        seat = record.info.get(SEAT_KEY)
+        seat = seat[:, 0].long() if seat is not None else torch.zeros_like(outcome)
+        self.counts.index_put_((self.assign, seat, outcome), env_done.float(), accumulate=True)
         fresh = draw_players(self.weights, uniform(draws, (self.N,), self.device))
         self.assign = torch.where(env_done, fresh, self.assign)
         self.reset_next = env_done
@@ -252,24 +275,36 @@ class League:
 
         Returns per-opponent metrics for the log (`league_win_rate_<name>`, `league_games`).
         """
-        counts = torch.cat([self.counts, torch.bincount(self.assign, minlength=len(self.players))[:, None].float()], 1)
+        playing = torch.bincount(self.assign, minlength=len(self.players)).float()
+        counts = torch.cat([self.counts.flatten(1), playing[:, None]], 1)
         rows = counts.tolist()  # the league's one host read per update
+        seated = bool(sum(row[3:6].count(0.0) < 3 for row in rows))  # a game was played from the second seat
         metrics: dict[str, float] = {}
         by_kind: dict[str, list[int]] = {}
-        for o, (w, d, lo, _) in zip(self.players, rows):
-            w, d, lo = int(w), int(d), int(lo)
-            if o is None or w + d + lo == 0:
+        for o, row in zip(self.players, rows):
+            if o is None:
                 continue
-            key = SELF_PLAY if o.kind == "snapshot" else o.name  # per-snapshot figures live in the ratings
-            tot = by_kind.setdefault(key, [0, 0, 0])
-            tot[0], tot[1], tot[2] = tot[0] + w, tot[1] + d, tot[2] + lo
-            if o.kind != "learner":
-                self.ratings.record_counts(o.name, w, d, lo)
+            for seat, name in enumerate(SEAT_NAMES):
+                w, d, lo = (int(x) for x in row[3 * seat: 3 * seat + 3])
+                if w + d + lo == 0:
+                    continue
+                key = SELF_PLAY if o.kind == "snapshot" else o.name  # per-snapshot figures live in the ratings
+                for k in (key, f"{key}_{name}") if seated else (key,):
+                    tot = by_kind.setdefault(k, [0, 0, 0])
+                    tot[0], tot[1], tot[2] = tot[0] + w, tot[1] + d, tot[2] + lo
+                if o.kind != "learner":
+                    self.ratings.record_counts(o.name, w, d, lo, seat=name if seated else None)
         for key, (w, d, lo) in by_kind.items():
             metrics[f"league_win_rate_{key}"] = (w + 0.5 * d) / (w + d + lo)
-        metrics["league_games"] = float(sum(sum(v) for v in by_kind.values()))
+        metrics["league_games"] = float(sum(sum(v) for k, v in by_kind.items() if not k.endswith(SEAT_NAMES)))
         metrics["league_rating"] = self.ratings.players[LEARNER].ordinal
-        self.in_use = {i for i, (row, wt) in enumerate(zip(rows, self.weights.tolist())) if row[3] > 0 or wt > 0}
+        for o in self.players:
+            if o is not None and o.outside is not None:  # moves its mask forbade, not played (slots.OutsidePlayer)
+                metrics[f"league_illegal_moves_{o.name}"] = float(o.outside.illegal)
+        for name in SEAT_NAMES:
+            if seated and f"{LEARNER}@{name}" in self.ratings.players:
+                metrics[f"league_rating_{name}"] = self.ratings.players[f"{LEARNER}@{name}"].ordinal
+        self.in_use = {i for i, (row, wt) in enumerate(zip(rows, self.weights.tolist())) if row[-1] > 0 or wt > 0}
         if self.mix.get(SELF_PLAY, 0.0) > 0 and step - self.last_snapshot_step >= self.snapshot_every:
             self.snapshot(step, model, obs_rms)
         self._drop_unused()

@@ -50,12 +50,19 @@ class Ratings:
                 self.players[name] = Player(r.mu, r.sigma)
         return self.players[name]
 
-    def record(self, opponent: str, outcome: int) -> None:
-        """One game of the learner against `opponent` (WIN / DRAW / LOSS for the learner)."""
+    def record(self, opponent: str, outcome: int, seat: str | None = None) -> None:
+        """One game of the learner against `opponent` (WIN / DRAW / LOSS for the learner); with `seat` (first,
+        second), the learner's rating in that seat (`learner@first`) is rated on it too, against the opponent's
+        rating before the game (the opponent is rated once, by the learner's)."""
         me, other = self.ensure(LEARNER), self.ensure(opponent)
         ranks = {WIN: [0, 1], DRAW: [0, 0], LOSS: [1, 0]}[outcome]
-        a = self._model.rating(mu=me.mu, sigma=me.sigma)
         b = self._model.rating(mu=other.mu, sigma=other.sigma)
+        if seat is not None:
+            seated = self.ensure(f"{LEARNER}@{seat}")
+            [[s2], _] = self._model.rate([[self._model.rating(mu=seated.mu, sigma=seated.sigma)], [b]], ranks=ranks)
+            seated.mu, seated.sigma = s2.mu, s2.sigma
+            seated.games += 1
+        a = self._model.rating(mu=me.mu, sigma=me.sigma)
         [[a2], [b2]] = self._model.rate([[a], [b]], ranks=ranks)
         me.mu, me.sigma, other.mu, other.sigma = a2.mu, a2.sigma, b2.mu, b2.sigma
         me.games += 1
@@ -67,11 +74,11 @@ class Ratings:
         else:
             other.learner_losses += 1
 
-    def record_counts(self, opponent: str, wins: int, draws: int, losses: int) -> None:
+    def record_counts(self, opponent: str, wins: int, draws: int, losses: int, seat: str | None = None) -> None:
         """Several games, interleaved so the order of outcomes does not bias the result."""
         spread = [((i + 0.5) / n, code) for code, n in ((WIN, wins), (DRAW, draws), (LOSS, losses)) for i in range(n)]
         for _, code in sorted(spread):
-            self.record(opponent, code)
+            self.record(opponent, code, seat)
 
     def table(self) -> list[dict[str, Any]]:
         """Rows sorted by ordinal, best first: name, mu, sigma, ordinal, games, learner win rate vs it."""
