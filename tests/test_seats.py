@@ -61,7 +61,7 @@ def test_the_sides_swap_per_copy_and_alternate_game_after_game():
 
 def test_actions_reach_the_env_in_its_own_slots():
     env = SwappedSides(make(TICTACTOE, num_envs=2, seed=0))
-    rec = env.reset(seed=0)
+    env.reset(seed=0)
     # Copy 0: the learner (slot 0) moves first, to square 4; copy 1: the opponent (slot 1) moves first, to square 8.
     actions = torch.tensor([[4, 0], [0, 8]])
     env.step(actions)

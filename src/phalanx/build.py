@@ -23,6 +23,7 @@ from phalanx import budget, devices, graphs, runs
 from phalanx import checkpoint as ckpt
 from phalanx.algo import Adam, Normalizers, PPOParams, compile_step, minibatch_step
 from phalanx.algo.ppo import StepFn
+from phalanx.buffer import BatchEvaluator, RolloutBuffer
 from phalanx.config import Config, params_of
 from phalanx.distributed import Dist
 from phalanx.envs import make
@@ -36,7 +37,6 @@ from phalanx.models.protocol import ActorCritic
 from phalanx.models.registry import build_model, check_model
 from phalanx.policy import Policy, build_normalizers
 from phalanx.profile import PhaseTimer
-from phalanx.buffer import BatchEvaluator, RolloutBuffer
 from phalanx.rollout import Rollout
 from phalanx.slots import Teammates, opponent_slots, parse_teammates
 

@@ -67,7 +67,7 @@ def evaluate_policy(
     # Each env contributes its first episodes in order, so the sample is not biased toward short ones.
     quota = -(-episodes // n)
     taken = [0] * n
-    for before, rec in play_steps(lineup, env, first, gen, greedy, max_steps if episodes > 0 else 0):
+    for before, _, rec in play_steps(lineup, env, first, gen, greedy, max_steps if episodes > 0 else 0):
         prev_active, prev_done = before.active, rec.terminated | rec.truncated
         env_done = counters.step(rec.reward, prev_done, prev_active, idle_rewards=env.turn_based)
         if bool(env_done.any()):
@@ -172,11 +172,12 @@ class Lineup:
 
 
 def play_steps(lineup: Lineup, env: VecEnv, rec: StepRecord, gen: torch.Generator, greedy: bool,
-               max_steps: int) -> Iterator[tuple[StepRecord, StepRecord]]:
-    """Step `env` from `rec` with `lineup`, up to `max_steps` times: yields (the record acted on, the
-    record that followed) a step."""
+               max_steps: int) -> Iterator[tuple[StepRecord, torch.Tensor, StepRecord]]:
+    """Step `env` from `rec` with `lineup`, up to `max_steps` times: yields (the record acted on, the actions
+    played, the record that followed) a step."""
     prev_done = torch.zeros(env.num_envs, env.num_agents, dtype=torch.bool, device=env.device)
     for _ in range(max_steps):
-        before, rec = rec, env.step(lineup.act(rec, gen, prev_done, greedy))
+        actions = lineup.act(rec, gen, prev_done, greedy)
+        before, rec = rec, env.step(actions)
         prev_done = rec.terminated | rec.truncated
-        yield before, rec
+        yield before, actions, rec

@@ -47,6 +47,9 @@ def cmd_eval(args: argparse.Namespace, extra: list[str] | None = None) -> int:
                               opponent=opponent, device=policy.device)
         print(f"recorded {info['steps']} steps ({info['frames']} frames, return {info['return']:.2f}) to {info['path']}",
               file=sys.stderr)
+        if "moves" in info:  # a turn-based game: who played what, move by move
+            result = ", ".join(f"{name} {r:+g}" for name, r in info["result"].items())
+            print(f"its moves: {info['moves']} (result: {result})", file=sys.stderr)
     names = [v.strip() for v in (args.vs or "").split(",") if v.strip()]
     if any(is_outside_name(n) for n in names):
         return _eval_seats(args, policy, names, common)

@@ -35,8 +35,8 @@ from phalanx.draws import Source, uniform
 from phalanx.errors import CheckpointError, ConfigError
 from phalanx.league.ratings import DRAW, LEARNER, LOSS, WIN, Ratings
 from phalanx.league.sampling import Candidate, pool_sampling
-from phalanx.policy import Policy, frozen_copy, load_frozen
 from phalanx.league.seats import SEAT_KEY, SEAT_NAMES
+from phalanx.policy import Policy, frozen_copy, load_frozen
 from phalanx.slots import LEARNER_SLOT, OutsidePlayer, SlotPlan, is_outside_name, opponent_slots, outside_player
 
 SELF_PLAY = "self_play"

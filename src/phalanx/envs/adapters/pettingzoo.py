@@ -60,6 +60,16 @@ def _build(factory: Any, rest: str, options: dict[str, Any]) -> Any:
     return env
 
 
+def _build_copies(factory: Any, rest: str, options: dict[str, Any], num_envs: int) -> list[Any]:
+    """`num_envs` copies; where the env lists the rgb_array render mode and the options name none, made in it, so that
+    `phalanx eval --record` can draw them (PettingZoo's envs draw only on `render()` in that mode)."""
+    first = _build(factory, rest, options)
+    if "render_mode" in options or "rgb_array" not in (getattr(first, "metadata", None) or {}).get("render_modes", ()):
+        return [first, *(_build(factory, rest, options) for _ in range(num_envs - 1))]
+    first.close()
+    return [_build(factory, rest, {**options, "render_mode": "rgb_array"}) for _ in range(num_envs)]
+
+
 def _is_aec(env: Any) -> bool:
     from pettingzoo import AECEnv
 
@@ -71,7 +81,7 @@ def _make_pz(rest: str, num_envs: int = 1, device: torch.device | str = "cpu", s
     """A ParallelEnv's copies step together; an AEC env's copies take turns (PettingZooTurnsVecEnv)."""
     _require_pettingzoo(f"env 'pz:{rest}'")
     factory = _load_factory(rest)
-    envs = [_build(factory, rest, options) for _ in range(num_envs)]
+    envs = _build_copies(factory, rest, options, num_envs)
     kind = PettingZooTurnsVecEnv if _is_aec(envs[0]) else PettingZooVecEnv
     return kind(rest, envs, device=device, seed=seed)
 

@@ -14,7 +14,7 @@ import torch
 from phalanx.envs.adapters.gym import _map_action_space, _map_obs_space
 from phalanx.envs.base import StepRecord, VecEnv, roles_from_agent_names
 from phalanx.envs.spaces import Box, Discrete, Space
-from phalanx.errors import ConfigError, MissingExtraError
+from phalanx.errors import ConfigError, EnvContractError, MissingExtraError
 
 
 def _require_pettingzoo(what: str) -> Any:
@@ -45,6 +45,10 @@ class PettingZooVecEnv(VecEnv):
     is left the copy auto-resets: `obs` is the new episode's first observation, `final_obs` the
     last one of each slot that acted. Copy i is seeded with `seed + i` at the first reset (or at
     `reset(seed)`); later episodes use each copy's own RNG.
+
+    Where the copies draw `rgb_array` frames (`pz:` makes them so where the env lists that render mode), `render`
+    gives one copy's frame, and `ended_frame` the last frame of its episode that ended at the latest step, drawn
+    before the auto-reset: a recording shows the end (a game's final position).
 
     Stepping is a Python loop over the copies with host copies, so this is the slow compatibility
     path, for checks and small runs. `state_dict` is empty: PettingZoo envs cannot be saved and
@@ -79,6 +83,9 @@ class PettingZooVecEnv(VecEnv):
         self._active = np.zeros((n, a), dtype=bool)
         self._ep_return = np.zeros(n, dtype=np.float64)
         self._ep_length = np.zeros(n, dtype=np.int64)
+        self.renders = getattr(first, "render_mode", None) == "rgb_array"
+        self._watched: set[int] = set()  # the copies rendered so far: their episodes' last frames are kept
+        self._ended_frames: dict[int, torch.Tensor] = {}
 
     def _observation_part(self, space: Any) -> Any:
         """The space of what a slot observes (a turn-based env's observation dict holds it beside its mask)."""
@@ -167,6 +174,32 @@ class PettingZooVecEnv(VecEnv):
             return (x.astype(np.int64) + space.start).astype(space.dtype)
         return np.asarray(x, dtype=space.dtype).reshape(space.shape)
 
+    # -- frames ----------------------------------------------------------------------------------
+    def render(self, env_index: int = 0) -> torch.Tensor:
+        """Copy `env_index`'s frame from PettingZoo's `render()` (render_mode rgb_array); from then on the last frame
+        of each of its episodes is kept as well (`ended_frame`)."""
+        if not self.renders:
+            raise NotImplementedError(f"env '{self.name}' draws no rgb_array frames")
+        self._watched.add(env_index)
+        return self._frame(env_index)
+
+    def ended_frame(self, env_index: int = 0) -> torch.Tensor | None:
+        """The last frame of `env_index`'s episode where it ended at the latest step (drawn before the copy's
+        auto-reset, once the copy has been rendered); None where its episode goes on."""
+        return self._ended_frames.get(env_index)
+
+    def _frame(self, i: int) -> torch.Tensor:
+        frame = np.asarray(self.envs[i].render())
+        if frame.dtype != np.uint8 or frame.ndim != 3 or frame.shape[2] != 3:
+            raise EnvContractError(f"env '{self.name}' (copy {i}): render() in rgb_array mode must give uint8 frames of "
+                                   f"shape [height, width, 3]; got {frame.dtype} {list(frame.shape)}")
+        return torch.from_numpy(frame.copy())
+
+    def _keep_ended_frame(self, i: int) -> None:
+        """Before copy `i` auto-resets: its episode's last frame, where the copy is watched."""
+        if i in self._watched:
+            self._ended_frames[i] = self._frame(i)
+
     # -- protocol --------------------------------------------------------------------------------
     def reset(self, seed: int | None = None) -> StepRecord:
         seed = self._pending_seed if seed is None else seed
@@ -206,6 +239,7 @@ class PettingZooVecEnv(VecEnv):
         active = np.zeros((n, a), dtype=bool)
         ep_done = np.zeros(n, dtype=bool)
         final_state = None if self._state_space is None else np.zeros((n, *self.state_space.shape), dtype=np.float32)
+        self._ended_frames = {}
         for i, env in enumerate(self.envs):
             acting = list(env.agents)
             obs, rew, te, tr, _ = env.step(self._actions_for(env, acts[i]))
@@ -236,6 +270,7 @@ class PettingZooVecEnv(VecEnv):
                 for s in range(a):
                     if self.agent_names[s] not in acting:
                         final_buf[i, s] = 0.0
+                self._keep_ended_frame(i)
                 obs2, _ = env.reset()
                 self._fill(i, obs2, list(env.agents), obs_buf)
                 for ag in env.agents:

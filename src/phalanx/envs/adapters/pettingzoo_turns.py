@@ -43,9 +43,11 @@ class PettingZooTurnsVecEnv(PettingZooVecEnv):
         if any(holds.values()) and not all(holds.values()):
             raise ConfigError(f"env 'pz:{rest}': some agents' observations hold an action_mask and some do not "
                               f"({', '.join(a for a, h in holds.items() if not h)} do not); give every agent one or none")
-        self._masked = bool(holds) and all(holds.values())
-        self.action_masks = self._masked
+        self._mask_in_obs = bool(holds) and all(holds.values())
         super().__init__(rest, envs, device=device, seed=seed)
+        # Where the observations hold none, the convention some envs follow instead: infos[agent]["action_mask"].
+        self._mask_in_info = not self._mask_in_obs and self._info_holds_mask(first, seed)
+        self._masked = self.action_masks = self._mask_in_obs or self._mask_in_info
         self._mask_widths = self._plan_masks(rest, first) if self._masked else {}
         n = self.num_envs
         self._turn = np.zeros(n, dtype=np.int64)  # the slot that moves next, per copy
@@ -53,19 +55,28 @@ class PettingZooTurnsVecEnv(PettingZooVecEnv):
         self._seen: list[Any] = [None] * n  # its observation as PettingZoo gave it
 
     def _observation_part(self, space: Any) -> Any:
-        return space["observation"] if self._masked else space
+        return space["observation"] if self._mask_in_obs else space
+
+    def _info_holds_mask(self, first: Any, seed: int | None) -> bool:
+        """Whether the first mover's info holds an action_mask, seen at a reset of the first copy (the trainer and a
+        loaded policy read `action_masks` before the first reset; `reset` gives the copy the same seed again)."""
+        first.reset(seed=seed)
+        info = self._last(0, first, self._selected(0, first))[4]
+        return isinstance(info, dict) and "action_mask" in info
 
     def _plan_masks(self, rest: str, first: Any) -> dict[str, int]:
         """Each agent's mask width (its own action count), checked against its action space."""
         from gymnasium import spaces as gs
 
         if not isinstance(self.action_space, (Discrete, MultiDiscrete)):
-            raise ConfigError(f"env 'pz:{rest}': observations hold an action_mask but the action space is "
+            raise ConfigError(f"env 'pz:{rest}': {self._mask_source}s hold an action_mask but the action space is "
                               f"{self.action_space.describe()}; masks are for Discrete and MultiDiscrete actions")
         widths = {}
         for a in self.agent_names:
             space = self._act_spaces[a]
             widths[a] = int(space.n) if isinstance(space, gs.Discrete) else int(np.sum(space.nvec))
+            if not self._mask_in_obs:
+                continue  # an info's mask has no space: its shape is checked on each turn
             shape = tuple(first.observation_space(a)["action_mask"].shape)
             if shape != (widths[a],):
                 raise ConfigError(f"env 'pz:{rest}': {a}'s observation space has an action_mask of shape {list(shape)}; "
@@ -80,34 +91,38 @@ class PettingZooTurnsVecEnv(PettingZooVecEnv):
                                    f"is not one of its live agents {list(env.agents)}")
         return agent
 
-    def _last(self, i: int, env: Any, agent: str) -> tuple[Any, float, bool, bool]:
+    @property
+    def _mask_source(self) -> str:
+        return "observation" if self._mask_in_obs else "info"
+
+    def _last(self, i: int, env: Any, agent: str) -> tuple[Any, float, bool, bool, Any]:
         out = env.last()
         if not isinstance(out, tuple) or len(out) != 5:
             raise EnvContractError(f"env '{self.name}' (copy {i}) breaks PettingZoo's AEC API: last() must return "
                                    f"(observation, reward, termination, truncation, info); got {type(out).__name__}"
                                    + (f" of {len(out)}" if isinstance(out, tuple) else ""))
-        obs, reward, terminated, truncated, _ = out
+        obs, reward, terminated, truncated, info = out
         try:
             reward = float(reward)
         except (TypeError, ValueError):
             raise EnvContractError(f"env '{self.name}' (copy {i}) breaks PettingZoo's AEC API: last() gave {agent} the "
                                    f"reward {reward!r}, not a number") from None
-        return obs, reward, bool(terminated), bool(truncated)
+        return obs, reward, bool(terminated), bool(truncated), info
 
     def _advance(self, i: int, env: Any, reward: np.ndarray, term: np.ndarray, trunc: np.ndarray,
-                 final: np.ndarray) -> tuple[str, Any] | None:
+                 final: np.ndarray) -> tuple[str, Any, Any] | None:
         """After a move (or a reset): each agent that comes up adds its `last()` reward to `reward`; one whose
         episode ended is flagged, its last observation kept in `final`, and stepped with None (PettingZoo's
-        dead step). -> (agent to move, its observation), or None where no agent is left."""
+        dead step). -> (agent to move, its observation, its info), or None where no agent is left."""
         for _ in range(len(self.agent_names) + 1):
             if not env.agents:
                 return None
             agent = self._selected(i, env)
-            obs, r, te, tr = self._last(i, env, agent)
+            obs, r, te, tr, info = self._last(i, env, agent)
             s = self._slot[agent]
             reward[s] += r
             if not (te or tr):
-                return agent, obs
+                return agent, obs, info
             term[s], trunc[s] = te, tr and not te
             final[s] = self._obs_one(agent, self._observed(obs))
             env.step(None)
@@ -115,7 +130,7 @@ class PettingZooTurnsVecEnv(PettingZooVecEnv):
                                f"of its ended agents did not remove them from agents ({list(env.agents)} remain)")
 
     def _observed(self, obs: Any) -> Any:
-        if not self._masked:
+        if not self._mask_in_obs:
             return obs
         if not isinstance(obs, dict) or "observation" not in obs:
             raise EnvContractError(f"env '{self.name}' breaks PettingZoo's AEC API: its observation space is a dict of "
@@ -123,19 +138,24 @@ class PettingZooTurnsVecEnv(PettingZooVecEnv):
         return obs["observation"]
 
     def turn_observations(self) -> list[tuple[int, Any]]:
-        """Per copy, the slot to move and its observation as PettingZoo gave it (the dict with its action_mask):
-        what a player written against PettingZoo reads."""
+        """Per copy, the slot to move and its observation as PettingZoo gave it (the dict with its action_mask; where
+        the env puts the mask in the info, the dict of the observation and that mask): what a player written against
+        PettingZoo reads."""
         return [(int(s), obs) for s, obs in zip(self._turn, self._seen)]
 
-    def _take_turn(self, i: int, agent: str, obs: Any, obs_buf: np.ndarray, mask_buf: np.ndarray) -> None:
+    def _take_turn(self, i: int, agent: str, obs: Any, info: Any, obs_buf: np.ndarray, mask_buf: np.ndarray) -> None:
         s = self._slot[agent]
         self._turn[i] = s
         self._seen[i] = obs
         obs_buf[i, s] = self._obs_one(agent, self._observed(obs))
         if self._masked:
-            row = self._mask_row(i, agent, obs["action_mask"] if isinstance(obs, dict) and "action_mask" in obs else None)
+            holder = obs if self._mask_in_obs else info
+            raw = holder["action_mask"] if isinstance(holder, dict) and "action_mask" in holder else None
+            row = self._mask_row(i, agent, raw)
             mask_buf[i, s] = row
             self._allowed[i] = row
+            if self._mask_in_info:
+                self._seen[i] = {"observation": obs, "action_mask": raw}
 
     def _mask_row(self, i: int, agent: str, raw: Any) -> np.ndarray:
         """`agent`'s action_mask as a bool row of the slot's mask width, checked."""
@@ -145,7 +165,7 @@ class PettingZooTurnsVecEnv(PettingZooVecEnv):
                                                                               and bool(np.isin(m, (0, 1)).all())))
         if not ok:
             got = "no action_mask" if m is None else f"{m.dtype} {list(m.shape)}"
-            raise EnvContractError(f"env '{self.name}' (copy {i}): {agent}'s observation['action_mask'] must be bool or "
+            raise EnvContractError(f"env '{self.name}' (copy {i}): {agent}'s {self._mask_source}['action_mask'] must be bool or "
                                    f"0/1 integers of shape [{want}] (one per action of {self._act_spaces[agent]}); got {got}")
         row = np.zeros(self.action_space.mask_width, dtype=bool)
         row[:want] = m.astype(bool)
@@ -211,6 +231,7 @@ class PettingZooTurnsVecEnv(PettingZooVecEnv):
         trunc = np.zeros((n, a), dtype=bool)
         ep_done = np.zeros(n, dtype=bool)
         final_state = None if self._state_space is None else np.zeros((n, *self.state_space.shape), dtype=np.float32)
+        self._ended_frames = {}
         for i, env in enumerate(self.envs):
             agent = self.agent_names[self._turn[i]]
             x = acts[i, self._turn[i]]
@@ -223,6 +244,7 @@ class PettingZooTurnsVecEnv(PettingZooVecEnv):
             self._ep_length[i] += 1
             if turn is None:
                 ep_done[i] = True
+                self._keep_ended_frame(i)
                 self._start(i, env, None, obs_buf, mask_buf)
             else:
                 self._take_turn(i, *turn, obs_buf, mask_buf)
