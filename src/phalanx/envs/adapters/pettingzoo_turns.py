@@ -1,5 +1,6 @@
 """A turn-based PettingZoo `AECEnv` as a phalanx `VecEnv` (`pz:`, see pettingzoo.py): the agent to move is the one
-active slot, its observation dict's `action_mask` the record's mask, rewards credited as PettingZoo's `last()` says.
+active slot, the `action_mask` of its observation dict (or else of its info) the record's mask, rewards credited as
+PettingZoo's `last()` says.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ class PettingZooTurnsVecEnv(PettingZooVecEnv):
     way). In each copy only the slot of `agent_selection` is active, on `observe(agent)`; every other slot
     is inactive, its observation zero-filled. Where the observations are dicts holding `observation` and
     `action_mask` (PettingZoo's convention), the slot observes the `observation` and the mask becomes
-    `StepRecord.action_mask` (False where an agent has fewer actions than the largest space); an inactive
+    `StepRecord.action_mask` (False where an agent has fewer actions than the largest space); where they hold none
+    and the first mover's info does (`infos[agent]["action_mask"]`), every mover's info's mask is; an inactive
     slot's row allows every action, since its action is not played. An action the mask forbids is refused
     in one line (ActionError): an illegal move is never played.
 
