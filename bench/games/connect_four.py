@@ -122,3 +122,6 @@ def player(depth: int = 4, seed: int | None = None) -> Callable[[dict[str, Any]]
 
 
 depth_1, depth_2, depth_3, depth_4 = (player(d) for d in (1, 2, 3, 4))
+# The same searches with their ties broken at random (seeded by depth), for evaluations whose games should differ:
+# `phalanx eval RUN --vs bench.games.connect_four:varied_4`.
+varied_1, varied_2, varied_3, varied_4 = (player(d, seed=d) for d in (1, 2, 3, 4))

@@ -1,0 +1,125 @@
+"""The turn-based games study (issue 50): trained runs of tic-tac-toe or connect four (several seeds) against the
+reference players of this folder, from each seat, greedy; a Markdown table (and JSON) with 95% intervals.
+
+    phalanx train --env pz:pettingzoo.classic.tictactoe_v3:env --opponents self_play:8,learner:2,random:1 \\
+        --total-steps 1000000 --seed 1 --run-dir runs/games/ttt-s1 --torch-threads 1   # and seeds 2, 3
+    python bench/games/study.py runs/games/ttt-s* --episodes 500 --out bench/results/games/tictactoe
+
+Each run is evaluated with `phalanx eval RUN --vs <the game's players> --episodes E --json` (kept as
+RUN/eval_games.json; an existing one is read, not redone). Per opponent and seat the table gives the games won,
+drawn and lost over all seeds, each seed's losses, and the score (wins + draws / 2 per game) with a 95%
+stratified bootstrap over seeds x games (seeds resampled, then each seed's games), so the seed-to-seed spread
+counts as well as the game-to-game one. Training time is read from each run's metrics (first to last update,
+plus the first update's own length, on the machine named in the table's caption).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+PLAYERS = {
+    "pz:pettingzoo.classic.tictactoe_v3:env": (
+        "bench.games.tictactoe:act", "bench.games.tictactoe:varied", "random"),
+    "pz:pettingzoo.classic.connect_four_v3:env": (
+        "bench.games.connect_four:varied_1", "bench.games.connect_four:varied_2", "bench.games.connect_four:varied_3",
+        "bench.games.connect_four:varied_4", "random"),
+}
+SEATS = ("first", "second")
+
+
+def evaluate(run: Path, episodes: int, threads: int) -> dict:
+    out = run / "eval_games.json"
+    if not out.exists():
+        env = json.loads((run / "config.json").read_text())["env"]
+        cmd = [sys.executable, "-m", "phalanx", "eval", str(run), "--vs", ",".join(PLAYERS[env]), "--episodes",
+               str(episodes), "--torch-threads", str(threads), "--json"]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr.strip()}")
+        out.write_text(done.stdout)
+    return json.loads(out.read_text())
+
+
+def training_seconds(run: Path) -> float:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if "time" in r and "update" in r]
+    if len(rows) < 2:
+        return float("nan")
+    per_update = (rows[-1]["time"] - rows[0]["time"]) / (rows[-1]["update"] - rows[0]["update"])
+    return rows[-1]["time"] - rows[0]["time"] + per_update
+
+
+def score_interval(counts: list[tuple[int, int, int]], reps: int = 4000, seed: int = 0) -> tuple[float, float, float]:
+    """Mean score over seeds (wins + draws / 2 per game) and its 95% stratified bootstrap interval."""
+    rng = np.random.default_rng(seed)
+    probs = [np.array(c, dtype=float) / max(sum(c), 1) for c in counts]
+    mean = float(np.mean([(w + d / 2) / max(w + d + lo, 1) for w, d, lo in counts]))
+    boot = np.empty(reps)
+    for k in range(reps):
+        picked = rng.integers(len(counts), size=len(counts))
+        scores = []
+        for i in picked:
+            w, d, _ = rng.multinomial(sum(counts[i]), probs[i])
+            scores.append((w + d / 2) / max(sum(counts[i]), 1))
+        boot[k] = np.mean(scores)
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return mean, float(lo), float(hi)
+
+
+def table(runs: list[Path], episodes: int, threads: int) -> tuple[str, dict]:
+    configs = [json.loads((r / "config.json").read_text()) for r in runs]
+    envs = {c["env"] for c in configs}
+    if len(envs) != 1:
+        raise SystemExit(f"runs of more than one game: {sorted(envs)}")
+    env = envs.pop()
+    evals = [evaluate(r, episodes, threads) for r in runs]
+    seeds = [c["seed"] for c in configs]
+    secs = [training_seconds(r) for r in runs]
+    steps = sorted({c["total_steps"] for c in configs})
+    lines = [f"{env}, seeds {', '.join(map(str, seeds))}, {', '.join(f'{s:,}' for s in steps)} steps, opponents "
+             f"`{configs[0]['opponents']}`; training {min(secs) / 60:.1f}-{max(secs) / 60:.1f} min a run; "
+             f"{episodes} greedy games per seed and seat",
+             "", "| opponent | seat | won / drawn / lost (all seeds) | losses per seed | score [95% interval] |",
+             "|---|---|---|---|---|"]
+    data: dict = {"env": env, "seeds": seeds, "runs": [str(r) for r in runs], "training_seconds": secs,
+                  "total_steps": steps, "episodes": episodes, "rows": []}
+    for opponent in PLAYERS[env]:
+        for seat in SEATS:
+            counts = [(e["vs"][opponent][seat]["wins"], e["vs"][opponent][seat]["draws"], e["vs"][opponent][seat]["losses"])
+                      for e in evals]
+            mean, lo, hi = score_interval(counts)
+            total = [sum(c[i] for c in counts) for i in range(3)]
+            illegal = sum(e["vs"][opponent].get("opponent_illegal_moves", 0) for e in evals)
+            name = opponent.rsplit(":", 1)[-1] if ":" in opponent else opponent
+            lines.append(f"| {name} | {seat} | {total[0]} / {total[1]} / {total[2]} | "
+                         f"{', '.join(str(c[2]) for c in counts)} | {mean:.3f} [{lo:.3f}, {hi:.3f}] |")
+            data["rows"].append({"opponent": opponent, "seat": seat, "counts": counts, "score": mean,
+                                 "score_ci95": [lo, hi], "opponent_illegal_moves": illegal})
+    return "\n".join(lines) + "\n", data
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+", type=Path, help="run directories of one game (one per seed)")
+    ap.add_argument("--episodes", type=int, default=500, help="greedy games per seed, seat and opponent")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads of each evaluation")
+    ap.add_argument("--out", type=Path, help="write OUT.md and OUT.json (else print the table)")
+    args = ap.parse_args()
+    md, data = table(sorted(args.runs), args.episodes, args.threads)
+    if args.out is None:
+        print(md, end="")
+        return
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".md").write_text(md)
+    args.out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
+    print(md, end="")
+
+
+if __name__ == "__main__":
+    main()
