@@ -92,3 +92,25 @@ def test_a_board_the_mask_contradicts_and_an_illegal_move_are_refused():
     first, second = env.possible_agents
     with pytest.raises(ValueError, match="which its action_mask forbids"):
         play(env, {first: lambda obs: 4, second: lambda obs: 4})
+
+
+def test_the_study_score_interval_holds_its_mean_and_the_seed_spread():
+    from bench.games.study import score_interval
+
+    assert score_interval([(10, 0, 0), (10, 0, 0)]) == (1.0, 1.0, 1.0)
+    mean, lo, hi = score_interval([(2, 4, 4), (8, 0, 2)])  # scores 0.4 and 0.8
+    assert mean == pytest.approx(0.6)
+    assert lo <= 0.45 and hi >= 0.75  # the two seeds differ: the interval spans them, not only one seed's games
+    mean, lo, hi = score_interval([(100, 0, 100)] * 3)
+    assert lo < 0.5 < hi and hi - lo < 0.15
+
+
+def test_varied_players_break_ties_at_random_and_stay_perfect():
+    first_moves = {tictactoe.varied(board()) for _ in range(40)}
+    assert len(first_moves) > 1  # every square draws under perfect play
+    env = tictactoe_v3.env()
+    for seed in range(10):
+        assert play(env, {"player_1": tictactoe.varied, "player_2": random_player(seed)}, seed=seed)["player_1"] >= 0
+    values = connect_four.move_values(board(rows=6, cols=7), 2)
+    assert {connect_four.varied_2(board(rows=6, cols=7)) for _ in range(10)} <= {c for c, v in values.items()
+                                                                               if v == max(values.values())}
