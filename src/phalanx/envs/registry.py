@@ -71,6 +71,8 @@ BUILT_IN: dict[str, str] = {
     "pendulum": "phalanx.zoo.pendulum",
     "pixel_goal": "phalanx.zoo.pixel_goal",
     "trial_nav": "phalanx.zoo.trial_nav",
+    "tictactoe": "phalanx.zoo.board_games",
+    "connect_four": "phalanx.zoo.board_games",
     "vmas:navigation": "phalanx.envs.adapters.vmas",
     "vmas:balance": "phalanx.envs.adapters.vmas",
     "gym:LunarLander-v3": "phalanx.envs.adapters.gym",

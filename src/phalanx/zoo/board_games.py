@@ -1,0 +1,184 @@
+"""Tic-tac-toe and connect four as batched torch envs: turn-based games with action masks, on the device.
+
+PettingZoo's `tictactoe_v3` and `connect_four_v3` through the `pz:` adapter step each copy in Python (about
+2,000 moves a second on a CPU core); these step every copy in a few tensor ops, so self-play reaches the
+millions of games that strong play takes. Their rules and observations are PettingZoo's, move for move
+(tests/test_board_games.py plays both side by side): players alternate, `player_1` (slot 0) first; a slot
+observes [rows, cols, 2], its own pieces in plane 0 and the other's in plane 1 (row 0 at the top); k in a line
+wins (+1, and -1 for the other), a full board draws (0). Tic-tac-toe's action is a square (0-8, row by row);
+connect four's a column, the piece falling to its lowest empty cell. A move the mask forbids (a taken square, a
+full column; a policy never plays one) loses for the mover, as a forfeit, and is counted in
+`info["illegal_moves"]`: refusing it would take a host read.
+
+They are also the examples of built-in envs with masks (docs/ENVIRONMENTS.md, Action masks): the record's
+`action_mask` [N, 2, n] holds the legal moves for the slot to move and allows all for the slot that waits, and
+`turn_observations()` gives the mover's observation as PettingZoo's dict, so the players of `bench/games/`
+(`phalanx eval --vs`) play them as they play PettingZoo's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from phalanx.envs.base import StepRecord, VecEnv
+from phalanx.envs.registry import EnvSpec, register
+from phalanx.envs.spaces import Box, Discrete
+
+
+def lines(rows: int, cols: int, k: int) -> list[tuple[int, ...]]:
+    """Every line of k cells (row, column, both diagonals) of a rows x cols board, cells numbered row by row."""
+    out = []
+    for r in range(rows):
+        for c in range(cols):
+            for dr, dc in ((0, 1), (1, 0), (1, 1), (-1, 1)):
+                cells = [(r + i * dr, c + i * dc) for i in range(k)]
+                if all(0 <= rr < rows and 0 <= cc < cols for rr, cc in cells):
+                    out.append(tuple(rr * cols + cc for rr, cc in cells))
+    return out
+
+
+class LineGameEnv(VecEnv):
+    """N games of k in a line on a rows x cols board (see the module docstring): 2 slots taking turns, Discrete
+    actions under a mask; `gravity`: an action is a column whose lowest empty cell takes the piece (connect four),
+    else a cell (tic-tac-toe)."""
+
+    num_agents = 2
+    role_names = ("player",)
+    capturable = True
+    action_masks = True
+    turn_based = True
+    rows: int
+    cols: int
+    k: int
+    gravity: bool
+
+    def __init__(self, num_envs: int = 1, device: torch.device | str = "cpu", seed: int | None = 0) -> None:
+        self.num_envs = num_envs
+        self.device = torch.device(device)
+        self.roles = self.default_roles()
+        self.observation_space = Box(low=0.0, high=1.0, shape=(self.rows, self.cols, 2))
+        self.action_space = Discrete(self.cols if self.gravity else self.rows * self.cols)
+        self._seed_generator(seed)
+        self.lines = torch.tensor(lines(self.rows, self.cols, self.k), device=self.device)
+        # board[n, cell]: 0 empty, 1 slot 0's piece, 2 slot 1's; turn[n]: the slot to move.
+        self.board = torch.zeros(num_envs, self.rows * self.cols, dtype=torch.long, device=self.device)
+        self.turn = torch.zeros(num_envs, dtype=torch.long, device=self.device)
+
+    # -- views of the state -----------------------------------------------------------------------
+    def _observe(self, board: torch.Tensor) -> torch.Tensor:
+        """[N, 2, rows, cols, 2]: each slot's pieces in plane 0, the other's in plane 1 (PettingZoo's layout)."""
+        cells = board.reshape(-1, self.rows, self.cols)
+        slot0, slot1 = (cells == 1).float(), (cells == 2).float()
+        return torch.stack([torch.stack([slot0, slot1], -1), torch.stack([slot1, slot0], -1)], 1)
+
+    def _legal(self, board: torch.Tensor) -> torch.Tensor:
+        """[N, n] bool: the legal moves (free cells; columns whose top cell is free)."""
+        return board[:, : self.cols] == 0 if self.gravity else board == 0
+
+    def _cell(self, board: torch.Tensor, move: torch.Tensor) -> torch.Tensor:
+        """[N]: the cell a move fills (for a full column, its top cell, which is taken: a forfeit)."""
+        if not self.gravity:
+            return move
+        column = board.reshape(-1, self.rows, self.cols).gather(2, move.view(-1, 1, 1).expand(-1, self.rows, 1))
+        empty = (column.squeeze(2) == 0).long()  # [N, rows], top first: the lowest empty row is the last one
+        lowest = (empty * torch.arange(1, self.rows + 1, device=self.device)).argmax(1)
+        return lowest * self.cols + move
+
+    def _mask(self) -> torch.Tensor:
+        """[N, 2, n]: the legal moves for the mover, every action for the slot that waits."""
+        mover = torch.nn.functional.one_hot(self.turn, 2).bool().unsqueeze(-1)
+        return self._legal(self.board).unsqueeze(1) | ~mover
+
+    def _record(self, obs, final_obs, reward, ended, info) -> StepRecord:
+        false = torch.zeros(self.num_envs, 2, dtype=torch.bool, device=self.device)
+        return StepRecord(obs=obs, reward=reward, terminated=ended.unsqueeze(1).expand(-1, 2), truncated=false,
+                          active=torch.nn.functional.one_hot(self.turn, 2).bool(), trial_end=false,
+                          final_obs=final_obs, info=info, action_mask=self._mask())
+
+    # -- protocol ---------------------------------------------------------------------------------
+    def reset(self, seed: int | None = None) -> StepRecord:
+        self._seed_generator(seed)
+        self.board = torch.zeros_like(self.board)
+        self.turn = torch.zeros_like(self.turn)
+        obs = self._observe(self.board)
+        zero = torch.zeros(self.num_envs, 2, device=self.device)
+        return self._record(obs, obs, zero, torch.zeros(self.num_envs, dtype=torch.bool, device=self.device),
+                            {"win": zero, "draw": zero, "illegal_moves": zero[:, 0]})
+
+    def step(self, actions: torch.Tensor) -> StepRecord:
+        actions = self.action_space.check(actions, self.num_envs, self.num_agents).to(self.device)
+        n = torch.arange(self.num_envs, device=self.device)
+        move = actions.reshape(self.num_envs, 2)[n, self.turn]
+        illegal = ~self._legal(self.board)[n, move]
+        cell = self._cell(self.board, move)
+        mark = self.turn + 1
+        board = self.board.clone()
+        board[n, cell] = torch.where(illegal, board[n, cell], mark)
+        won = (board[:, self.lines] == mark[:, None, None]).all(-1).any(-1) & ~illegal
+        full = (board != 0).all(-1)
+        ended = won | illegal | full
+        mover = torch.nn.functional.one_hot(self.turn, 2).float()
+        # The mover's result: +1 a win, -1 a forfeit; the other's is its negation.
+        result = won.float() - illegal.float()
+        reward = result[:, None] * (2 * mover - 1)
+        win = (reward > 0).float()
+        draw = (ended & ~won & ~illegal).float()[:, None].expand(-1, 2)
+        final_obs = self._observe(board)
+        self.board = torch.where(ended[:, None], 0, board)
+        self.turn = torch.where(ended, 0, 1 - self.turn)
+        obs = torch.where(ended[:, None, None, None, None], self._observe(self.board), final_obs)
+        return self._record(obs, final_obs, reward, ended, {"win": win, "draw": draw, "illegal_moves": illegal.float()})
+
+    def turn_observations(self) -> list[tuple[int, Any]]:
+        """Per copy, the slot to move and its observation as PettingZoo gives it (int8 arrays)."""
+        obs = self._observe(self.board).to(torch.int8).cpu().numpy()
+        mask = self._mask().to(torch.int8).cpu().numpy()
+        return [(int(s), {"observation": obs[i, s], "action_mask": np.ascontiguousarray(mask[i, s])})
+                for i, s in enumerate(self.turn.tolist())]
+
+    def step_state(self) -> dict[str, torch.Tensor]:
+        return {"board": self.board, "turn": self.turn}
+
+    def load_step_state(self, state: dict[str, torch.Tensor]) -> None:
+        self.board, self.turn = state["board"], state["turn"]
+
+
+class TicTacToeEnv(LineGameEnv):
+    """PettingZoo's tictactoe_v3: 3 in a line on 3 x 3, a move marks a cell (0-8, row by row)."""
+
+    name, rows, cols, k, gravity = "tictactoe", 3, 3, 3, False
+
+
+class ConnectFourEnv(LineGameEnv):
+    """PettingZoo's connect_four_v3: 4 in a line on 6 x 7, a move drops a piece into a column (0-6)."""
+
+    name, rows, cols, k, gravity = "connect_four", 6, 7, 4, True
+
+
+# Self-play league with the learner in both seats (league/seats.py); an entropy bonus keeps the learner and its
+# snapshots varied enough to meet the lines that punish its mistakes (with none, PettingZoo's tic-tac-toe turned
+# deterministic within 400k moves and lost to perfect play: docs/EXPERIMENTS.md, Turn-based games).
+GAME_DEFAULTS = {"opponents": "self_play:8,learner:2,random:1", "ent_coef": 0.05, "num_envs": 256, "num_steps": 32,
+                 "lr": 1e-3}
+
+register(
+    EnvSpec(
+        name="tictactoe",
+        factory=TicTacToeEnv,
+        description="Tic-tac-toe, PettingZoo's rules and observations, batched in torch: 2 players taking turns, "
+                    "Discrete(9) under an action mask, obs [3, 3, 2]",
+        train_defaults={**GAME_DEFAULTS, "hidden_sizes": [128, 128], "total_steps": 10_000_000},
+    )
+)
+register(
+    EnvSpec(
+        name="connect_four",
+        factory=ConnectFourEnv,
+        description="Connect four, PettingZoo's rules and observations, batched in torch: 2 players taking turns, "
+                    "Discrete(7) columns under an action mask, obs [6, 7, 2]",
+        train_defaults={**GAME_DEFAULTS, "hidden_sizes": [256, 256], "total_steps": 20_000_000},
+    )
+)

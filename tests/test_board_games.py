@@ -1,0 +1,119 @@
+"""The built-in tic-tac-toe and connect four (zoo/board_games.py): PettingZoo's games, move for move, batched in
+torch with masks."""
+
+import numpy as np
+import pytest
+import torch
+
+from phalanx.cli import main
+from phalanx.envs import make
+from phalanx.slots import random_actions
+
+
+@pytest.mark.parametrize("name,games", [("tictactoe", 60), ("connect_four", 40)])
+def test_they_play_pettingzoos_games_move_for_move(name, games):
+    pytest.importorskip("pettingzoo")
+    pytest.importorskip("pygame")
+    from pettingzoo.classic import connect_four_v3, tictactoe_v3
+
+    env = make(name, num_envs=1, seed=0)
+    rng = np.random.default_rng(0)
+    outcomes = set()
+    rec = env.reset(seed=0)  # and after each game the env's auto-reset starts the next
+    for game in range(games):
+        pz = (tictactoe_v3 if name == "tictactoe" else connect_four_v3).env()
+        pz.reset(seed=game)
+        returns = dict.fromkeys(pz.possible_agents, 0.0)
+        for agent in pz.agent_iter():
+            observation, reward, terminated, truncated, _ = pz.last()
+            returns[agent] += reward
+            if terminated or truncated:
+                pz.step(None)
+                continue
+            slot = pz.possible_agents.index(agent)
+            assert rec.active[0].tolist() == [slot == 0, slot == 1]
+            assert np.array_equal(rec.obs[0, slot].numpy(), observation["observation"].astype(np.float32))
+            assert np.array_equal(rec.action_mask[0, slot].numpy(), observation["action_mask"].astype(bool))
+            assert rec.action_mask[0, 1 - slot].all()  # the slot that waits is allowed everything
+            move = int(rng.choice(np.flatnonzero(observation["action_mask"])))
+            pz.step(move)
+            actions = torch.zeros(1, 2, dtype=torch.long)
+            actions[0, slot] = move
+            rec = env.step(actions)
+            for i, a in enumerate(pz.possible_agents):
+                if rec.reward[0, i]:
+                    assert pz.rewards[a] == float(rec.reward[0, i])
+        final = (float(rec.info["win"][0, 0]) - float(rec.info["win"][0, 1]))
+        first, second = pz.possible_agents
+        assert final == returns[first] == -returns[second]
+        assert bool(rec.terminated[0].all()) and float(rec.info["draw"][0, 0]) == float(final == 0)
+        outcomes.add(final)
+    assert outcomes >= {-1.0, 1.0}
+
+
+def test_a_move_to_a_taken_square_forfeits_and_is_counted():
+    env = make("tictactoe", num_envs=2, seed=0)
+    env.reset(seed=0)
+    env.step(torch.tensor([[4, 0], [0, 0]]))  # slot 0 takes the centre in both games
+    rec = env.step(torch.tensor([[0, 4], [0, 1]]))  # game 0: slot 1 plays the centre again
+    assert rec.reward.tolist() == [[1.0, -1.0], [0.0, 0.0]]
+    assert rec.terminated.tolist() == [[True, True], [False, False]]
+    assert rec.info["illegal_moves"].tolist() == [1.0, 0.0] and rec.info["win"][0].tolist() == [1.0, 0.0]
+    assert rec.active.tolist() == [[True, False], [True, False]]  # game 0 starts afresh, game 1 is slot 0's turn
+    assert (rec.obs[0] == 0).all()
+
+
+def test_random_play_wins_loses_and_draws_as_the_game_is_known_to():
+    env = make("tictactoe", num_envs=4000, seed=1)
+    rec = env.reset(seed=1)
+    gen = torch.Generator().manual_seed(1)
+    win, draw = torch.zeros(2), 0.0
+    for _ in range(9):  # every game of the first batch ends within 9 moves
+        rec = env.step(random_actions(env, gen, rec.action_mask))
+        win += rec.info["win"].sum(0)
+        draw += float(rec.info["draw"][:, 0].sum())
+    # Random against random: the first player wins 58.5% of games, the second 28.8%, 12.7% are drawn.
+    assert win[0] / 4000 == pytest.approx(0.585, abs=0.03)
+    assert win[1] / 4000 == pytest.approx(0.288, abs=0.03)
+    assert draw / 4000 == pytest.approx(0.127, abs=0.02)
+
+
+def test_check_env_holds_and_the_players_of_the_bench_play_it(capsys):
+    assert main(["check-env", "tictactoe", "--steps", "200"]) == 0
+    env = make("tictactoe", num_envs=3, seed=0)
+    env.reset(seed=0)
+    turns = env.turn_observations()
+    assert [slot for slot, _ in turns] == [0, 0, 0]
+    assert turns[0][1]["observation"].shape == (3, 3, 2) and turns[0][1]["action_mask"].tolist() == [1] * 9
+
+
+def test_a_piece_falls_to_the_lowest_empty_cell_and_a_full_column_forfeits():
+    env = make("connect_four", num_envs=1, seed=0)
+    rec = env.reset(seed=0)
+    for ply in range(6):  # the players fill column 3, alternating
+        assert rec.action_mask[0, ply % 2, 3]
+        rec = env.step(torch.tensor([[3, 3]]))
+        assert rec.reward.tolist() == [[0.0, 0.0]]
+    # Slot 0's view of column 3, row 0 at the top: its pieces in rows 5, 3, 1, the other's in 4, 2, 0.
+    assert rec.obs[0, 0, :, 3, 0].tolist() == [0.0, 1.0, 0.0, 1.0, 0.0, 1.0]
+    assert rec.obs[0, 0, :, 3, 1].tolist() == [1.0, 0.0, 1.0, 0.0, 1.0, 0.0]
+    assert not rec.action_mask[0, 0, 3] and rec.action_mask[0, 0].sum() == 6
+    rec = env.step(torch.tensor([[3, 0]]))
+    assert rec.reward.tolist() == [[-1.0, 1.0]] and rec.info["illegal_moves"].tolist() == [1.0]
+
+
+def test_four_in_a_row_wins_in_every_direction():
+    env = make("connect_four", num_envs=3, seed=0)
+    env.reset(seed=0)
+    # Game 0 across the bottom row, game 1 up column 0, game 2 a diagonal; the other player answers in column 6
+    # (game 2: builds the steps for the diagonal).
+    plans = [([0, 1, 2, 3], [6, 6, 6]), ([0, 0, 0, 0], [6, 6, 6]), ([0, 1, 2, 2, 3, 3], [1, 2, 3, 5, 3])]
+    moves = [[m for pair in zip(mine, theirs + [0]) for m in pair][: 2 * len(mine) - 1] for mine, theirs in plans]
+    won = [None, None, None]
+    for ply in range(max(len(m) for m in moves)):
+        actions = torch.tensor([[m[ply] if ply < len(m) else 0] * 2 for m in moves])
+        rec = env.step(actions)
+        for g in range(3):
+            if ply == len(moves[g]) - 1:
+                won[g] = rec.reward[g].tolist()
+    assert won == [[1.0, -1.0]] * 3
