@@ -23,13 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
-PLAYERS = {
-    "pz:pettingzoo.classic.tictactoe_v3:env": (
-        "bench.games.tictactoe:act", "bench.games.tictactoe:varied", "random"),
-    "pz:pettingzoo.classic.connect_four_v3:env": (
-        "bench.games.connect_four:varied_1", "bench.games.connect_four:varied_2", "bench.games.connect_four:varied_3",
-        "bench.games.connect_four:varied_4", "random"),
-}
+TICTACTOE = ("bench.games.tictactoe:act", "bench.games.tictactoe:varied", "random")
+CONNECT_FOUR = ("bench.games.connect_four:varied_1", "bench.games.connect_four:varied_2",
+                "bench.games.connect_four:varied_3", "bench.games.connect_four:varied_4", "random")
+PLAYERS = {"tictactoe": TICTACTOE, "pz:pettingzoo.classic.tictactoe_v3:env": TICTACTOE,
+           "connect_four": CONNECT_FOUR, "pz:pettingzoo.classic.connect_four_v3:env": CONNECT_FOUR}
 SEATS = ("first", "second")
 
 
@@ -46,9 +44,19 @@ def evaluate(run: Path, episodes: int, threads: int) -> dict:
     return json.loads(out.read_text())
 
 
+def metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def illegal_moves(run: Path) -> float | None:
+    """Moves the mask forbade in training, where the env counts them (the built-in games' forfeits; PettingZoo's
+    adapter refuses one in one line, so a finished run played none): the update means, summed."""
+    rows = [r["env_illegal_moves"] for r in metrics(run) if "env_illegal_moves" in r]
+    return sum(rows) if rows else None
+
+
 def training_seconds(run: Path) -> float:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if "time" in r and "update" in r]
+    rows = [r for r in metrics(run) if "time" in r and "update" in r]
     if len(rows) < 2:
         return float("nan")
     per_update = (rows[-1]["time"] - rows[0]["time"]) / (rows[-1]["update"] - rows[0]["update"])
@@ -82,12 +90,16 @@ def table(runs: list[Path], episodes: int, threads: int) -> tuple[str, dict]:
     seeds = [c["seed"] for c in configs]
     secs = [training_seconds(r) for r in runs]
     steps = sorted({c["total_steps"] for c in configs})
+    illegal = [illegal_moves(r) for r in runs]
+    shown = "none counted" if all(i == 0 for i in illegal) else ", ".join(map(str, illegal))
     lines = [f"{env}, seeds {', '.join(map(str, seeds))}, {', '.join(f'{s:,}' for s in steps)} steps, opponents "
-             f"`{configs[0]['opponents']}`; training {min(secs) / 60:.1f}-{max(secs) / 60:.1f} min a run; "
+             f"`{configs[0]['opponents'] or 'none (self-play: the learner in both slots)'}`; training "
+             f"{min(secs) / 60:.1f}-{max(secs) / 60:.1f} min a run; illegal moves in training: {shown}; "
              f"{episodes} greedy games per seed and seat",
              "", "| opponent | seat | won / drawn / lost (all seeds) | losses per seed | score [95% interval] |",
              "|---|---|---|---|---|"]
     data: dict = {"env": env, "seeds": seeds, "runs": [str(r) for r in runs], "training_seconds": secs,
+                  "training_illegal_moves": illegal,
                   "total_steps": steps, "episodes": episodes, "rows": []}
     for opponent in PLAYERS[env]:
         for seat in SEATS:
