@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 from gymnasium import spaces
 from pettingzoo import AECEnv
+
 try:
     from pettingzoo.utils import AgentSelector
 except ImportError:  # pettingzoo 1.24 names it agent_selector

@@ -10,8 +10,8 @@ import textwrap
 
 import pytest
 
-from phalanx.cli import main, typed_env_options
 from phalanx import config
+from phalanx.cli import main, typed_env_options
 from phalanx.config import Config, load_file, resolve, sources
 from phalanx.envs import registry
 from phalanx.errors import ConfigError
@@ -123,7 +123,7 @@ def test_a_file_refusal_through_the_cli_is_one_line_and_exit_2(tmp_path, capsys)
 
 
 def test_a_files_env_options_follow_the_declared_types(tmp_path):
-    with pytest.raises(ConfigError, match=f"env option 'max_steps' of 'cartpole' in '.*c.toml' must be int"):
+    with pytest.raises(ConfigError, match="env option 'max_steps' of 'cartpole' in '.*c.toml' must be int"):
         resolve(load_file(write(tmp_path, "c.toml", 'env = "cartpole"\n[env_options]\nmax_steps = "100"\n')))
     cfg = resolve(load_file(write(tmp_path, "d.toml", 'env = "cartpole"\n[env_options]\nmax_steps = 100\n')))
     assert cfg.env_options["max_steps"] == 100

@@ -3,9 +3,9 @@
 import inspect
 import re
 
+from phalanx import graphs
 from phalanx.algo import gae, normalize, ppo
 from phalanx.buffer import BatchEvaluator, RolloutBuffer
-from phalanx import graphs
 from phalanx.config import resolve
 from phalanx.episodes import EpisodeCounters
 from phalanx.models import distributions, mlp

@@ -48,6 +48,11 @@ def metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
+def trained_steps(run: Path) -> int:
+    """The step of the run's latest checkpoint (what `phalanx eval RUN` plays)."""
+    return max(int(p.name.split("_")[1]) for p in (run / "checkpoints").glob("step_*"))
+
+
 def illegal_moves(run: Path) -> float | None:
     """Moves the mask forbade in training, where the env counts them (the built-in games' forfeits; PettingZoo's
     adapter refuses one in one line, so a finished run played none): the update means, summed."""
@@ -89,7 +94,7 @@ def table(runs: list[Path], episodes: int, threads: int) -> tuple[str, dict]:
     evals = [evaluate(r, episodes, threads) for r in runs]
     seeds = [c["seed"] for c in configs]
     secs = [training_seconds(r) for r in runs]
-    steps = sorted({c["total_steps"] for c in configs})
+    steps = sorted({trained_steps(r) for r in runs})
     illegal = [illegal_moves(r) for r in runs]
     shown = "none counted" if all(i == 0 for i in illegal) else ", ".join(map(str, illegal))
     lines = [f"{env}, seeds {', '.join(map(str, seeds))}, {', '.join(f'{s:,}' for s in steps)} steps, opponents "

@@ -29,7 +29,7 @@ def _won(bits: int) -> bool:
     return any(bits & line == line for line in LINE_BITS)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _value(mine: int, theirs: int) -> int:
     """The game's value for the player to move (mine) under perfect play: 10 - plies to a win, negated for a
     loss, 0 for a draw."""

@@ -13,7 +13,6 @@ import torch
 
 from phalanx.errors import ConfigError
 
-
 # The oldest torch each path was seen to work on (scripts/torch_floor_smoke.sh; the README's "Versions"):
 # below TORCH_FLOOR the fused Adam's version bump takes one tensor, not a list; below COMPILE_FLOOR Dynamo
 # cannot trace the update step's autograd calls into its graph (no `trace_autograd_ops`).
