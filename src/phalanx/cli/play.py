@@ -17,7 +17,7 @@ from phalanx.cli.options import (
     parse_env_options,
     refuse_unknown_options,
 )
-from phalanx.envs import registry
+from phalanx.envs import make, registry
 from phalanx.errors import CheckpointError, PhalanxError
 from phalanx.evaluate import evaluate_policy, evaluate_seats
 from phalanx.league import LEAGUE_FILE, Ratings, load_snapshot
@@ -51,7 +51,9 @@ def cmd_eval(args: argparse.Namespace, extra: list[str] | None = None) -> int:
             result = ", ".join(f"{name} {r:+g}" for name, r in info["result"].items())
             print(f"its moves: {info['moves']} (result: {result})", file=sys.stderr)
     names = [v.strip() for v in (args.vs or "").split(",") if v.strip()]
-    if any(is_outside_name(n) for n in names):
+    # In a turn-based game the first mover is the first seat: every opponent is met from both (draws counted).
+    if any(is_outside_name(n) for n in names) or (names and _turn_based(cfg)
+                                                  and not any(n.startswith("snapshot:") for n in names)):
         return _eval_seats(args, policy, names, common)
     res = evaluate_policy(policy, cfg.env, greedy=not args.sample, teammates=cfg.teammates, **common)
     other_mode = "greedy_play" if args.sample else "sampled_play"
@@ -120,9 +122,17 @@ def _col_width(head: str) -> int:
     return max(16, len(head) + 2)
 
 
+def _turn_based(cfg: Any) -> bool:
+    env = make(cfg.env, num_envs=1, device="cpu", seed=0, **cfg.env_options)
+    try:
+        return env.turn_based
+    finally:
+        env.close()
+
+
 def _eval_seats(args: argparse.Namespace, policy: Any, names: list[str], common: dict[str, Any]) -> int:
-    """`--vs` naming players written outside Phalanx (module:callable, turn-based PettingZoo envs): the policy against
-    each --vs player from each seat; an outside player's illegal moves are counted, not played."""
+    """`--vs` naming players written outside Phalanx (module:callable), or any players of a turn-based game: the policy
+    against each --vs player from each seat; an outside player's illegal moves are counted, not played."""
     cfg = policy.config
     table = {name: evaluate_seats(policy, cfg.env, outside_player(name) if is_outside_name(name) else name,
                                   greedy=not args.sample, **common) for name in names}
