@@ -44,28 +44,30 @@ def evaluate(run: Path, episodes: int, threads: int) -> dict:
     return json.loads(out.read_text())
 
 
-def metrics(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+def metrics(run: Path, up_to: int | None = None) -> list[dict]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [r for r in rows if up_to is None or r.get("step", 0) <= up_to]
 
 
-def trained_steps(run: Path) -> int:
-    """The step of the run's latest checkpoint (what `phalanx eval RUN` plays)."""
-    return max(int(p.name.split("_")[1]) for p in (run / "checkpoints").glob("step_*"))
-
-
-def illegal_moves(run: Path) -> float | None:
-    """Moves the mask forbade in training, where the env counts them (the built-in games' forfeits; PettingZoo's
-    adapter refuses one in one line, so a finished run played none): the update means, summed."""
-    rows = [r["env_illegal_moves"] for r in metrics(run) if "env_illegal_moves" in r]
-    return sum(rows) if rows else None
-
-
-def training_seconds(run: Path) -> float:
-    rows = [r for r in metrics(run) if "time" in r and "update" in r]
-    if len(rows) < 2:
-        return float("nan")
-    per_update = (rows[-1]["time"] - rows[0]["time"]) / (rows[-1]["update"] - rows[0]["update"])
-    return rows[-1]["time"] - rows[0]["time"] + per_update
+def summary(run: Path) -> dict:
+    """The run's trained steps (its latest checkpoint: what `phalanx eval RUN` plays), training seconds and illegal
+    moves, kept as RUN/summary.json (read where it exists, so a results folder needs no checkpoints or metrics)."""
+    kept = run / "summary.json"
+    if kept.exists():
+        return json.loads(kept.read_text())
+    steps = max(int(p.name.split("_")[1]) for p in (run / "checkpoints").glob("step_*"))
+    rows = metrics(run, steps)
+    times = [r["time"] for r in rows if "time" in r]
+    gaps = np.diff(times)
+    usual = float(np.median(gaps)) if len(gaps) else float("nan")
+    # A resumed run's rows hold the pause between its sessions: updates are counted at their own pace.
+    seconds = float(gaps[gaps < 5 * usual].sum() + usual) if len(gaps) else float("nan")
+    # Moves the mask forbade in training, where the env counts them (the built-in games' forfeits; PettingZoo's
+    # adapter refuses one in one line, so a finished run played none): the update means, summed.
+    counted = [r["env_illegal_moves"] for r in rows if "env_illegal_moves" in r]
+    out = {"steps": steps, "training_seconds": seconds, "illegal_moves": sum(counted) if counted else None}
+    kept.write_text(json.dumps(out) + "\n")
+    return out
 
 
 def score_interval(counts: list[tuple[int, int, int]], reps: int = 4000, seed: int = 0) -> tuple[float, float, float]:
@@ -93,9 +95,10 @@ def table(runs: list[Path], episodes: int, threads: int) -> tuple[str, dict]:
     env = envs.pop()
     evals = [evaluate(r, episodes, threads) for r in runs]
     seeds = [c["seed"] for c in configs]
-    secs = [training_seconds(r) for r in runs]
-    steps = sorted({trained_steps(r) for r in runs})
-    illegal = [illegal_moves(r) for r in runs]
+    runs_summary = [summary(r) for r in runs]
+    secs = [x["training_seconds"] for x in runs_summary]
+    steps = sorted({x["steps"] for x in runs_summary})
+    illegal = [x["illegal_moves"] for x in runs_summary]
     shown = "none counted" if all(i == 0 for i in illegal) else ", ".join(map(str, illegal))
     lines = [f"{env}, seeds {', '.join(map(str, seeds))}, {', '.join(f'{s:,}' for s in steps)} steps, opponents "
              f"`{configs[0]['opponents'] or 'none (self-play: the learner in both slots)'}`; training "
