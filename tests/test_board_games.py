@@ -131,3 +131,24 @@ def test_the_league_learns_tictactoe_from_both_seats_and_eval_meets_each_opponen
     vs = __import__("json").loads(capsys.readouterr().out)["vs"]["random"]
     assert vs["first"]["win_rate"] > 0.80 and vs["second"]["win_rate"] > 0.55, vs
     assert vs["first"]["episodes"] == vs["second"]["episodes"] == 400
+
+
+@pytest.mark.parametrize("name", ["tictactoe", "connect_four"])
+def test_a_recorded_game_ends_on_its_final_position_with_alternating_moves(name, tmp_path):
+    pytest.importorskip("PIL")
+    from PIL import Image
+
+    from phalanx.record import record_episode
+
+    info = record_episode(None, name, tmp_path / "g.gif", seed=2)
+    lines = (tmp_path / "g.moves.tsv").read_text().splitlines()[1:]
+    seats = [int(line.split("\t")[2]) for line in lines]
+    assert seats == [k % 2 for k in range(len(seats))] and len(seats) == info["steps"]
+    assert info["frames"] == info["steps"] + 1  # the start, then one frame a move, the last the final position
+    gif = Image.open(tmp_path / "g.gif")
+    gif.seek(gif.n_frames - 1)
+    last = np.asarray(gif.convert("RGB"))
+    board = last[: last.shape[1] * (6 if name == "connect_four" else 3) // (7 if name == "connect_four" else 3)]
+    background = np.array([235, 235, 228])
+    pieces_drawn = (np.abs(board.astype(int) - background).sum(-1) > 60).mean()
+    assert pieces_drawn > 0.1  # the final position is drawn, not the reset board

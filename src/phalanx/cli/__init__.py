@@ -119,7 +119,8 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
                     "for a turn-based PettingZoo env, module:callable players over its observation dict too (each played from "
                     "both seats, their illegal moves counted and not played)")
     _compute_flags(pe)
-    pe.add_argument("--record", metavar="FILE", help="also write one episode as an animation (.gif, or .mp4 with imageio-ffmpeg)")
+    pe.add_argument("--record", metavar="FILE", help="also write one episode as an animation (.gif, or .mp4 with imageio-ffmpeg); a turn-based "
+                    "game's frames are captioned with whose turn it is and its moves go to FILE's stem + .moves.tsv")
     pl = sub.add_parser("league", help="print a self-play run's rating table")
     pl.add_argument("run_dir", help="a run trained with --opponents")
     pl.add_argument("--json", action="store_true", help="print one JSON object")

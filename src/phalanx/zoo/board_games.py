@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from phalanx.envs import draw
 from phalanx.envs.base import StepRecord, VecEnv
 from phalanx.envs.registry import EnvSpec, register
 from phalanx.envs.spaces import Box, Discrete
@@ -50,6 +51,7 @@ class LineGameEnv(VecEnv):
     capturable = True
     action_masks = True
     turn_based = True
+    renders = True
     rows: int
     cols: int
     k: int
@@ -66,6 +68,8 @@ class LineGameEnv(VecEnv):
         # board[n, cell]: 0 empty, 1 slot 0's piece, 2 slot 1's; turn[n]: the slot to move.
         self.board = torch.zeros(num_envs, self.rows * self.cols, dtype=torch.long, device=self.device)
         self.turn = torch.zeros(num_envs, dtype=torch.long, device=self.device)
+        # The board each game ended on (`ended_frame`: a recording's last frame; the env resets it in the same step).
+        self.final_board = self.board
 
     # -- views of the state -----------------------------------------------------------------------
     def _observe(self, board: torch.Tensor) -> torch.Tensor:
@@ -127,6 +131,7 @@ class LineGameEnv(VecEnv):
         win = (reward > 0).float()
         draw = (ended & ~won & ~illegal).float()[:, None].expand(-1, 2)
         final_obs = self._observe(board)
+        self.final_board = board
         self.board = torch.where(ended[:, None], 0, board)
         self.turn = torch.where(ended, 0, 1 - self.turn)
         obs = torch.where(ended[:, None, None, None, None], self._observe(self.board), final_obs)
@@ -138,6 +143,24 @@ class LineGameEnv(VecEnv):
         mask = self._mask().to(torch.int8).cpu().numpy()
         return [(int(s), {"observation": obs[i, s], "action_mask": np.ascontiguousarray(mask[i, s])})
                 for i, s in enumerate(self.turn.tolist())]
+
+    def _draw(self, board: list[int]) -> torch.Tensor:
+        cell = 480 // max(self.rows, self.cols)
+        img = draw.canvas(self.rows * cell, self.cols * cell, (235, 235, 228))
+        for i, v in enumerate(board):
+            r, c = divmod(i, self.cols)
+            draw.outline_rect(img, c * cell, r * cell, (c + 1) * cell, (r + 1) * cell, (120, 120, 120), width=2)
+            if v:
+                draw.fill_circle(img, (c + 0.5) * cell, (r + 0.5) * cell, 0.38 * cell, draw.slot_color(v - 1))
+        return draw.to_tensor(img)
+
+    def render(self, env_index: int = 0) -> torch.Tensor:
+        """Copy `env_index`'s board: slot 0's pieces in the first slot colour, slot 1's in the second."""
+        return self._draw(self.board[env_index].tolist())
+
+    def ended_frame(self, env_index: int = 0) -> torch.Tensor:
+        """The board copy `env_index`'s last game ended on (the env has already reset it)."""
+        return self._draw(self.final_board[env_index].tolist())
 
     def step_state(self) -> dict[str, torch.Tensor]:
         return {"board": self.board, "turn": self.turn}
