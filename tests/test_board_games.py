@@ -152,3 +152,68 @@ def test_a_recorded_game_ends_on_its_final_position_with_alternating_moves(name,
     background = np.array([235, 235, 228])
     pieces_drawn = (np.abs(board.astype(int) - background).sum(-1) > 60).mean()
     assert pieces_drawn > 0.1  # the final position is drawn, not the reset board
+
+
+@pytest.mark.parametrize("name", ["tictactoe", "connect_four"])
+def test_a_random_opening_plays_up_to_k_legal_moves_from_the_empty_board_and_decides_no_game(name):
+    most = 4 if name == "tictactoe" else 6  # the first mover's k-th piece is ply 2k - 1: no opening can win
+    env = make(name, num_envs=4000, seed=3, opening_plies=most)
+    rec = env.reset(seed=3)
+    pieces = (env.board != 0).sum(1)
+    assert torch.bincount(pieces, minlength=most + 1)[: most + 1].min() > 4000 / (most + 1) * 0.8  # k uniform in 0..K
+    assert int(pieces.max()) == most
+    first, second = (env.board == 1).sum(1), (env.board == 2).sum(1)
+    assert ((first - second) == pieces % 2).all()  # alternating from slot 0
+    assert (env.turn == pieces % 2).all() and (rec.active[:, 0] == (pieces % 2 == 0)).all()
+    if name == "connect_four":  # pieces rest on the bottom or on another piece
+        cells = env.board.reshape(-1, 6, 7)
+        assert ((cells[:, :-1] != 0) <= (cells[:, 1:] != 0)).all()
+    assert torch.equal(rec.action_mask[torch.arange(4000), env.turn], env.board[:, : 7] == 0 if name == "connect_four"
+                       else env.board == 0)
+    # Games that end start again after a fresh random opening; no game ever ends inside one.
+    gen = torch.Generator().manual_seed(3)
+    fresh_pieces = []
+    for _ in range(12):
+        rec = env.step(random_actions(env, gen, rec.action_mask))
+        ended = rec.terminated[:, 0]
+        fresh_pieces.append((env.board[ended] != 0).sum(1))
+        assert rec.info["illegal_moves"].sum() == 0
+    fresh = torch.cat(fresh_pieces)
+    assert len(fresh) > 500 and set(fresh.tolist()) == set(range(most + 1))
+    boards = []
+    for seed in (3, 3, 4):  # the env's seed fixes its openings
+        game = make(name, num_envs=4000, seed=seed, opening_plies=most)
+        game.reset(seed=seed)
+        boards.append(game.board)
+    assert torch.equal(boards[0], boards[1]) and not torch.equal(boards[0], boards[2])
+
+
+def test_an_opening_long_enough_to_win_is_refused_in_one_line(capsys):
+    assert main(["train", "--env", "tictactoe", "--opening-plies", "5", "--total-steps", "64"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "opening_plies" in err and "[0, 4]" in err, err
+
+
+def test_eval_plays_from_the_empty_board_unless_given_the_training_opening(tmp_path, capsys):
+    # A greedy policy against the deterministic perfect player replays one game a seat from the empty board;
+    # the run's random opening (training only) would vary them.
+    run = tmp_path / "run"
+    assert main(["train", "--env", "tictactoe", "--opening-plies", "4", "--total-steps", "2048", "--num-envs", "16",
+                 "--num-steps", "16", "--seed", "1", "--torch-threads", "1", "--run-dir", str(run), "--progress", "false",
+                 "--tensorboard", "false"]) == 0
+    capsys.readouterr()
+
+    def outcomes(*flags):
+        assert main(["eval", str(run), "--vs", "bench.games.tictactoe:act", "--episodes", "40", "--json", *flags]) == 0
+        vs = __import__("json").loads(capsys.readouterr().out)["vs"]["bench.games.tictactoe:act"]
+        return [max(vs[seat][k] for k in ("wins", "draws", "losses")) for seat in ("first", "second")]
+
+    assert outcomes() == [40, 40]
+    assert min(outcomes("--opening-plies", "4")) < 40
+
+
+def test_evaluations_leave_out_only_the_options_the_env_marks_training_only():
+    from phalanx.envs import registry
+
+    assert registry.evaluation_options("tictactoe", {"opening_plies": 3}) == {}
+    assert registry.evaluation_options("drone_swarm", {"approach_weight": 0.5}) == {"approach_weight": 0.5}

@@ -114,3 +114,28 @@ def test_varied_players_break_ties_at_random_and_stay_perfect():
     values = connect_four.move_values(board(rows=6, cols=7), 2)
     assert {connect_four.varied_2(board(rows=6, cols=7)) for _ in range(10)} <= {c for c, v in values.items()
                                                                                if v == max(values.values())}
+
+
+def test_every_perfect_line_is_walked_and_a_flawed_player_is_caught():
+    for seat in ("first", "second"):
+        perfect = tictactoe.against_every_perfect_line(tictactoe.act, seat)
+        assert perfect["losses"] == perfect["illegal_moves"] == 0 and perfect["draws"] == perfect["lines"] > 1
+    # Every square draws as an opening, so from the second seat the walk meets all nine first moves.
+    seen = []
+
+    def watching(observation):
+        seen.append(observation["observation"][..., 1].sum())
+        return tictactoe.act(observation)
+
+    tictactoe.against_every_perfect_line(watching, "second")
+    assert sum(1 for pieces in seen if pieces == 1) == 9
+
+    def lowest_square(observation):
+        return int(np.flatnonzero(observation["action_mask"])[0])
+
+    flawed = tictactoe.against_every_perfect_line(lowest_square, "first")
+    assert flawed["losses"] == flawed["lines"] > 0 and flawed["wins"] == 0
+    line = flawed["losing_lines"][0]
+    assert line[0] == 0 and len(line) % 2 == 0  # it opened at the corner and the perfect player moved last
+    taken = tictactoe.against_every_perfect_line(lambda observation: 4, "first")  # replays the centre: a forfeit
+    assert taken["illegal_moves"] == taken["losses"] == taken["lines"] and taken["losing_lines"][0][:2] == [4, 0]

@@ -3,13 +3,15 @@ reference players of this folder, from each seat, greedy; a Markdown table (and 
 
     phalanx train --env pz:pettingzoo.classic.tictactoe_v3:env --opponents self_play:8,learner:2,random:1 \\
         --total-steps 1000000 --seed 1 --run-dir runs/games/ttt-s1 --torch-threads 1   # and seeds 2, 3
-    python bench/games/study.py runs/games/ttt-s* --episodes 500 --out bench/results/games/tictactoe
+    python -m bench.games.study runs/games/ttt-s* --episodes 500 --out bench/results/games/tictactoe
 
 Each run is evaluated with `phalanx eval RUN --vs <the game's players> --episodes E --json` (kept as
 RUN/eval_games.json; an existing one is read, not redone). Per opponent and seat the table gives the games won,
 drawn and lost over all seeds, each seed's losses, and the score (wins + draws / 2 per game) with a 95%
 stratified bootstrap over seeds x games (seeds resampled, then each seed's games), so the seed-to-seed spread
-counts as well as the game-to-game one. Training time is read from each run's metrics (first to last update,
+counts as well as the game-to-game one. For tic-tac-toe a last row walks every game each seed's greedy policy
+can meet against a perfect player taking any of its best moves (`against_every_perfect_line`, kept as
+RUN/every_line.json): not a sample, so no interval. Training time is read from each run's metrics (first to last update,
 plus the first update's own length, on the machine named in the table's caption).
 """
 
@@ -22,10 +24,15 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import torch
+
+from bench.games.tictactoe import against_every_perfect_line
+from phalanx.policy import load
 
 TICTACTOE = ("bench.games.tictactoe:act", "bench.games.tictactoe:varied", "random")
 CONNECT_FOUR = ("bench.games.connect_four:varied_1", "bench.games.connect_four:varied_2",
                 "bench.games.connect_four:varied_3", "bench.games.connect_four:varied_4", "random")
+TICTACTOE_NAMES = ("tictactoe", "pz:pettingzoo.classic.tictactoe_v3:env")
 PLAYERS = {"tictactoe": TICTACTOE, "pz:pettingzoo.classic.tictactoe_v3:env": TICTACTOE,
            "connect_four": CONNECT_FOUR, "pz:pettingzoo.classic.connect_four_v3:env": CONNECT_FOUR}
 SEATS = ("first", "second")
@@ -41,6 +48,24 @@ def evaluate(run: Path, episodes: int, threads: int) -> dict:
         if done.returncode != 0:
             raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr.strip()}")
         out.write_text(done.stdout)
+    return json.loads(out.read_text())
+
+
+def every_line(run: Path) -> dict:
+    """Tic-tac-toe: the run's greedy policy against every line of perfect play, from each seat (kept as
+    RUN/every_line.json)."""
+    out = run / "every_line.json"
+    if not out.exists():
+        policy = load(run)
+        if policy.recurrent:
+            raise SystemExit(f"{run}: a memory policy's answer depends on the game so far; walk its games with eval")
+
+        def greedy(observation: dict) -> int:
+            obs = torch.as_tensor(observation["observation"], dtype=torch.float32).reshape(1, 1, 3, 3, 2)
+            mask = torch.as_tensor(observation["action_mask"], dtype=torch.bool).reshape(1, 1, 9)
+            return int(policy.act(obs, greedy=True, mask=mask).reshape(-1)[0])
+
+        out.write_text(json.dumps({seat: against_every_perfect_line(greedy, seat) for seat in SEATS}) + "\n")
     return json.loads(out.read_text())
 
 
@@ -121,6 +146,13 @@ def table(runs: list[Path], episodes: int, threads: int) -> tuple[str, dict]:
                          f"{', '.join(str(c[2]) for c in counts)} | {mean:.3f} [{lo:.3f}, {hi:.3f}] |")
             data["rows"].append({"opponent": opponent, "seat": seat, "counts": counts, "score": mean,
                                  "score_ci95": [lo, hi], "opponent_illegal_moves": illegal})
+    if env in TICTACTOE_NAMES:
+        walks = [every_line(r) for r in runs]
+        data["every_perfect_line"] = walks
+        for seat in SEATS:
+            total = [sum(w[seat][k] for w in walks) for k in ("wins", "draws", "losses")]
+            lines.append(f"| every perfect line | {seat} | {total[0]} / {total[1]} / {total[2]} lines | "
+                         f"{', '.join(str(w[seat]['losses']) for w in walks)} | exhaustive |")
     return "\n".join(lines) + "\n", data
 
 

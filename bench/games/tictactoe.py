@@ -8,6 +8,10 @@ mover's marks in plane 0 and the opponent's in plane 1, "action_mask": [9]}) and
 the mask allows. Among equally good moves it takes the fastest win, else the slowest loss, then the lowest
 square; `player(seed)` breaks the remaining ties at random, for varied games. It never loses: a test plays it
 against random play and against itself.
+
+`against_every_perfect_line(act, seat)` is the exhaustive form of "never loses to perfect play": it walks every
+game a deterministic player (a greedy policy) can meet from a seat when its opponent may take any of its best
+moves, the whole tree that games against `varied` sample from.
 """
 
 from __future__ import annotations
@@ -78,3 +82,51 @@ def player(seed: int | None = None) -> Callable[[dict[str, Any]], int]:
 # A perfect player with its ties broken at random (seed 0), for evaluations whose games should differ:
 # `phalanx eval RUN --vs bench.games.tictactoe:varied`.
 varied = player(seed=0)
+
+
+def observation(mine: int, theirs: int) -> dict[str, Any]:
+    """PettingZoo's observation dict for the mover holding the squares of `mine` (bits) against `theirs`."""
+    board = np.zeros((9, 2), np.int8)
+    for i in range(9):
+        board[i] = (mine >> i & 1, theirs >> i & 1)
+    return {"observation": board.reshape(3, 3, 2), "action_mask": (board.sum(1) == 0).astype(np.int8)}
+
+
+def against_every_perfect_line(act: Callable[[dict[str, Any]], int], seat: str) -> dict[str, Any]:
+    """Every game `act` (deterministic: it is asked each position once) plays from `seat` ("first" or "second")
+    against a perfect player taking each of its best moves in turn: {"lines", "wins", "draws", "losses",
+    "losing_lines" (each a list of squares in the order played), "illegal_moves"}."""
+    if seat not in ("first", "second"):
+        raise ValueError(f"seat must be first or second, got {seat!r}")
+    counts = {"lines": 0, "wins": 0, "draws": 0, "losses": 0, "illegal_moves": 0}
+    losing: list[list[int]] = []
+    answers: dict[tuple[int, int], int] = {}
+
+    def walk(own: int, other: int, own_turn: bool, moves: list[int]) -> None:
+        ended = "wins" if _won(own) else "losses" if _won(other) else "draws" if own | other == FULL else None
+        if ended:
+            counts["lines"] += 1
+            counts[ended] += 1
+            if ended == "losses":
+                losing.append(moves)
+            return
+        if own_turn:
+            if (own, other) not in answers:
+                answers[own, other] = int(act(observation(own, other)))
+            square = answers[own, other]
+            if not 0 <= square < 9 or (own | other) >> square & 1:  # a forfeit, as the envs score one
+                counts["illegal_moves"] += 1
+                counts["lines"] += 1
+                counts["losses"] += 1
+                losing.append([*moves, square])
+                return
+            walk(own | 1 << square, other, False, [*moves, square])
+            return
+        values = move_values(other, own)
+        best = max(values.values())
+        for square, value in values.items():
+            if value == best:
+                walk(own, other | 1 << square, True, [*moves, square])
+
+    walk(0, 0, seat == "first", [])
+    return {**counts, "losing_lines": losing}

@@ -27,7 +27,7 @@ import yaml
 from phalanx import checkpoint as ckpt
 from phalanx.compare import bootstrap_ci
 from phalanx.config import FIELDS, Config
-from phalanx.envs import make
+from phalanx.envs import make, registry
 from phalanx.errors import ConfigError, MissingExtraError, PhalanxError, one_line
 from phalanx.evaluate import evaluate_policy
 from phalanx.export import DEFAULT_OPSET, WEIGHTS_FILE, export_onnx, require_export_extra, sidecar_path
@@ -129,7 +129,8 @@ def evaluation_table(policy: Policy, episodes: int = DEFAULT_EPISODES, seed: int
     -> {"head_to_head": bool, "rows": [table_row ...], "episodes", "seed", "confidence"}."""
     cfg = policy.config
     scripted = env_facts(cfg)["scripted"]
-    common = dict(env_options=cfg.env_options, episodes=episodes, seed=seed, device=policy.device)
+    common = dict(env_options=registry.evaluation_options(cfg.env, cfg.env_options), episodes=episodes, seed=seed,
+                  device=policy.device)
     rows = []
     if cfg.opponents:
         for name in [*scripted, "random"]:
@@ -354,7 +355,7 @@ def _stage(run_dir: Path, stage: Path, policy: Policy, checkpoint: Path, episode
     if facts["renders"]:
         # A league run's replay plays the opponent its table's first row plays.
         opponent = ([*facts["scripted"], "random"][0]) if cfg.opponents else None
-        info = record_episode(policy, cfg.env, stage / REPLAY_FILE, cfg.env_options, greedy=True, seed=seed,
+        info = record_episode(policy, cfg.env, stage / REPLAY_FILE, registry.evaluation_options(cfg.env, cfg.env_options), greedy=True, seed=seed,
                               max_steps=REPLAY_MAX_STEPS, opponent=opponent, device=policy.device)
         replay = REPLAY_FILE
         returns = "team return" if facts["num_agents"] > 1 else "return"

@@ -187,7 +187,7 @@ class Trainer:
         if self.recent_returns:
             final["recent_return"] = self.recent_return()
         if self.global_step >= cfg.total_steps and cfg.eval_episodes > 0 and self.main:
-            ev = evaluate_policy(self.policy(), cfg.env, cfg.env_options, episodes=cfg.eval_episodes, seed=cfg.seed + 7777, device=self.device)
+            ev = evaluate_policy(self.policy(), cfg.env, registry.evaluation_options(cfg.env, cfg.env_options), episodes=cfg.eval_episodes, seed=cfg.seed + 7777, device=self.device)
             final.update({f"eval_{k}": v for k, v in ev.items() if isinstance(v, (int, float))})
             ckpt.write_json_atomic(self.run_dir / "eval.json", ev)
         # Ranks leave together: one that tore its process group down while rank 0 still evaluated was

@@ -45,7 +45,8 @@ def cmd_envs(args: argparse.Namespace) -> int:
             "roles": list(env.role_names), "state": env.state_space.describe() if env.state_space is not None else None,
             "observation": env.observation_space.describe(), "action": env.action_space.describe(),
             "options": {k: {"default": o.default, "help": o.help, **({"choices": list(o.choices)} if o.choices else {}),
-                            **({"min": o.min} if o.min is not None else {}), **({"max": o.max} if o.max is not None else {})}
+                            **({"min": o.min} if o.min is not None else {}), **({"max": o.max} if o.max is not None else {}),
+                            **({"train_only": True} if o.train_only else {})}
                         for k, o in s.options.items()},
         })
         env.close()

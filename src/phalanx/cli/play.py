@@ -31,12 +31,14 @@ def cmd_eval(args: argparse.Namespace, extra: list[str] | None = None) -> int:
     apply_compute_flags("eval", args)
     policy = load(args.run_dir, device=args.device)
     cfg = policy.config
-    # Env options given here (e.g. --approach-weight 0: the reward without a training-only term) override the run's.
+    # Env options given here (e.g. --approach-weight 0: the reward without a training-only term) override the run's;
+    # those the env marks training-only (a random opening) are left at their defaults unless given.
     given = parse_env_options(extra or [])
     refuse_unknown_options(cfg.env, given, "an eval flag (`phalanx eval --help`)")
     overrides = registry.resolve_options(cfg.env, given)
-    if overrides:
-        cfg = dataclasses.replace(cfg, env_options={**cfg.env_options, **overrides})
+    played = {**registry.evaluation_options(cfg.env, cfg.env_options), **overrides}
+    if played != cfg.env_options:
+        cfg = dataclasses.replace(cfg, env_options=played)
     common = dict(env_options=cfg.env_options, episodes=args.episodes, seed=args.seed, device=policy.device)
     if args.record:
         opponent = None

@@ -35,6 +35,9 @@ class EnvOption:
     choices: tuple[Any, ...] | None = None
     min: float | None = None  # the least allowed value (numbers)
     max: float | None = None  # the largest allowed value (numbers)
+    # A curriculum for training (a random opening, a shaping term): evaluations leave it at its default unless
+    # `phalanx eval` is given it, so a score is measured on the env itself (`evaluation_options`).
+    train_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -310,6 +313,14 @@ def resolve_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
             raise ConfigError(f"unknown env option '{key}' for '{name}'; allowed: {allowed}")
         out[key] = _coerce_option(name, key, s.options[key], value)
     return out
+
+
+def evaluation_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """A run's env options as its evaluations play them: without the env's training-only ones."""
+    s = spec(name)
+    if s is None or s.free_options:
+        return dict(options)
+    return {k: v for k, v in options.items() if not (k in s.options and s.options[k].train_only)}
 
 
 def make(

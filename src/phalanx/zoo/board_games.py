@@ -14,6 +14,12 @@ They are also the examples of built-in envs with masks (docs/ENVIRONMENTS.md, Ac
 `action_mask` [N, 2, n] holds the legal moves for the slot to move and allows all for the slot that waits, and
 `turn_observations()` gives the mover's observation as PettingZoo's dict, so the players of `bench/games/`
 (`phalanx eval --vs`) play them as they play PettingZoo's.
+
+`opening_plies` K (training only: `phalanx eval` and the trainer's evaluations play from the empty board) starts
+each game after k random legal moves, k uniform in 0..K, so that the learner meets positions its own and its
+snapshots' favourite openings never reach: the lines a varied perfect player takes and a self-trained policy had
+not seen (docs/EXPERIMENTS.md, Turn-based games). K stops short of the first ply that could win (2k - 2), so an
+opening never decides a game by itself.
 """
 
 from __future__ import annotations
@@ -25,8 +31,9 @@ import torch
 
 from phalanx.envs import draw
 from phalanx.envs.base import StepRecord, VecEnv
-from phalanx.envs.registry import EnvSpec, register
+from phalanx.envs.registry import EnvOption, EnvSpec, register
 from phalanx.envs.spaces import Box, Discrete
+from phalanx.errors import ConfigError
 
 
 def lines(rows: int, cols: int, k: int) -> list[tuple[int, ...]]:
@@ -57,7 +64,12 @@ class LineGameEnv(VecEnv):
     k: int
     gravity: bool
 
-    def __init__(self, num_envs: int = 1, device: torch.device | str = "cpu", seed: int | None = 0) -> None:
+    def __init__(self, num_envs: int = 1, device: torch.device | str = "cpu", seed: int | None = 0,
+                 opening_plies: int = 0) -> None:
+        if not 0 <= opening_plies <= self.most_opening_plies():
+            raise ConfigError(f"{self.name} opening_plies must be in [0, {self.most_opening_plies()}] (a longer random "
+                              f"opening could win by itself); got {opening_plies!r}")
+        self.opening_plies = opening_plies
         self.num_envs = num_envs
         self.device = torch.device(device)
         self.roles = self.default_roles()
@@ -70,6 +82,11 @@ class LineGameEnv(VecEnv):
         self.turn = torch.zeros(num_envs, dtype=torch.long, device=self.device)
         # The board each game ended on (`ended_frame`: a recording's last frame; the env resets it in the same step).
         self.final_board = self.board
+
+    @classmethod
+    def most_opening_plies(cls) -> int:
+        """The longest random opening that cannot complete a line: the first mover's k-th piece is ply 2k - 1."""
+        return 2 * cls.k - 2
 
     # -- views of the state -----------------------------------------------------------------------
     def _observe(self, board: torch.Tensor) -> torch.Tensor:
@@ -102,11 +119,28 @@ class LineGameEnv(VecEnv):
                           active=torch.nn.functional.one_hot(self.turn, 2).bool(), trial_end=false,
                           final_obs=final_obs, info=info, action_mask=self._mask())
 
+    def _open(self, fresh: torch.Tensor) -> None:
+        """Play the random opening of each fresh game (`fresh` [N]): k ~ U{0..opening_plies} legal moves,
+        alternating from slot 0, on the device (a loop over plies, not over copies)."""
+        plies = self.rng.randint(0, self.opening_plies + 1, (self.num_envs,), self.device)
+        plies = torch.where(fresh, plies, 0)
+        n = torch.arange(self.num_envs, device=self.device)
+        for ply in range(self.opening_plies):
+            playing = plies > ply
+            legal = self._legal(self.board)
+            # A uniform legal move: the argmax of uniform scores over the legal moves.
+            move = torch.where(legal, self.rng.rand(tuple(legal.shape), self.device), -1.0).argmax(1)
+            cell = self._cell(self.board, move)
+            self.board[n, cell] = torch.where(playing, self.turn + 1, self.board[n, cell])
+            self.turn = torch.where(playing, 1 - self.turn, self.turn)
+
     # -- protocol ---------------------------------------------------------------------------------
     def reset(self, seed: int | None = None) -> StepRecord:
         self._seed_generator(seed)
         self.board = torch.zeros_like(self.board)
         self.turn = torch.zeros_like(self.turn)
+        if self.opening_plies:
+            self._open(torch.ones(self.num_envs, dtype=torch.bool, device=self.device))
         obs = self._observe(self.board)
         zero = torch.zeros(self.num_envs, 2, device=self.device)
         return self._record(obs, obs, zero, torch.zeros(self.num_envs, dtype=torch.bool, device=self.device),
@@ -134,6 +168,8 @@ class LineGameEnv(VecEnv):
         self.final_board = board
         self.board = torch.where(ended[:, None], 0, board)
         self.turn = torch.where(ended, 0, 1 - self.turn)
+        if self.opening_plies:
+            self._open(ended)
         obs = torch.where(ended[:, None, None, None, None], self._observe(self.board), final_obs)
         return self._record(obs, final_obs, reward, ended, {"win": win, "draw": draw, "illegal_moves": illegal.float()})
 
@@ -187,12 +223,20 @@ class ConnectFourEnv(LineGameEnv):
 GAME_DEFAULTS = {"opponents": "self_play:8,learner:2,random:1", "ent_coef": 0.05, "num_envs": 256, "num_steps": 32,
                  "lr": 1e-3}
 
+
+
+def opening_option(game: type[LineGameEnv]) -> EnvOption:
+    return EnvOption(0, "each game starts after k random legal moves, k uniform in 0..this (training only: evaluations "
+                        "play from the empty board)", min=0, max=game.most_opening_plies(), train_only=True)
+
+
 register(
     EnvSpec(
         name="tictactoe",
         factory=TicTacToeEnv,
         description="Tic-tac-toe, PettingZoo's rules and observations, batched in torch: 2 players taking turns, "
                     "Discrete(9) under an action mask, obs [3, 3, 2]",
+        options={"opening_plies": opening_option(TicTacToeEnv)},
         train_defaults={**GAME_DEFAULTS, "hidden_sizes": [128, 128], "total_steps": 10_000_000},
     )
 )
@@ -202,6 +246,7 @@ register(
         factory=ConnectFourEnv,
         description="Connect four, PettingZoo's rules and observations, batched in torch: 2 players taking turns, "
                     "Discrete(7) columns under an action mask, obs [6, 7, 2]",
+        options={"opening_plies": opening_option(ConnectFourEnv)},
         train_defaults={**GAME_DEFAULTS, "hidden_sizes": [256, 256], "total_steps": 20_000_000},
     )
 )
