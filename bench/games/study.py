@@ -51,10 +51,12 @@ def evaluate(run: Path, episodes: int, threads: int) -> dict:
     return json.loads(out.read_text())
 
 
-def every_line(run: Path) -> dict:
+def every_line(run: Path) -> dict | None:
     """Tic-tac-toe: the run's greedy policy against every line of perfect play, from each seat (kept as
-    RUN/every_line.json)."""
+    RUN/every_line.json); None for a results folder kept without it or a checkpoint."""
     out = run / "every_line.json"
+    if not out.exists() and not (run / "checkpoints").is_dir():
+        return None
     if not out.exists():
         policy = load(run)
         if policy.recurrent:
@@ -125,13 +127,18 @@ def table(runs: list[Path], episodes: int, threads: int) -> tuple[str, dict]:
     steps = sorted({x["steps"] for x in runs_summary})
     illegal = [x["illegal_moves"] for x in runs_summary]
     shown = "none counted" if all(i == 0 for i in illegal) else ", ".join(map(str, illegal))
-    lines = [f"{env}, seeds {', '.join(map(str, seeds))}, {', '.join(f'{s:,}' for s in steps)} steps, opponents "
-             f"`{configs[0]['opponents'] or 'none (self-play: the learner in both slots)'}`; training "
+    options = {json.dumps(c.get("env_options") or {}, sort_keys=True) for c in configs}
+    if len(options) != 1:
+        raise SystemExit(f"runs with different env options: {sorted(options)}")
+    trained_on = configs[0].get("env_options") or {}
+    shown_options = f" ({', '.join(f'{k} {v}' for k, v in sorted(trained_on.items()))})" if trained_on else ""
+    lines = [f"{env}{shown_options}, seeds {', '.join(map(str, seeds))}, {', '.join(f'{s:,}' for s in steps)} steps, "
+             f"opponents `{configs[0]['opponents'] or 'none (self-play: the learner in both slots)'}`; training "
              f"{min(secs) / 60:.1f}-{max(secs) / 60:.1f} min a run; illegal moves in training: {shown}; "
              f"{episodes} greedy games per seed and seat",
              "", "| opponent | seat | won / drawn / lost (all seeds) | losses per seed | score [95% interval] |",
              "|---|---|---|---|---|"]
-    data: dict = {"env": env, "seeds": seeds, "runs": [str(r) for r in runs], "training_seconds": secs,
+    data: dict = {"env": env, "env_options": trained_on, "seeds": seeds, "runs": [str(r) for r in runs], "training_seconds": secs,
                   "training_illegal_moves": illegal,
                   "total_steps": steps, "episodes": episodes, "rows": []}
     for opponent in PLAYERS[env]:
@@ -149,10 +156,12 @@ def table(runs: list[Path], episodes: int, threads: int) -> tuple[str, dict]:
     if env in TICTACTOE_NAMES:
         walks = [every_line(r) for r in runs]
         data["every_perfect_line"] = walks
+        walked = [w for w in walks if w is not None]
         for seat in SEATS:
-            total = [sum(w[seat][k] for w in walks) for k in ("wins", "draws", "losses")]
+            total = [sum(w[seat][k] for w in walked) for k in ("wins", "draws", "losses")]
             lines.append(f"| every perfect line | {seat} | {total[0]} / {total[1]} / {total[2]} lines | "
-                         f"{', '.join(str(w[seat]['losses']) for w in walks)} | exhaustive |")
+                         f"{', '.join('-' if w is None else str(w[seat]['losses']) for w in walks)} | exhaustive"
+                         f"{'' if len(walked) == len(walks) else ' (-: no checkpoint kept to walk)'} |")
     return "\n".join(lines) + "\n", data
 
 
