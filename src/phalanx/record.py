@@ -54,9 +54,8 @@ def credit_moves(movers: list[int], rewards: list[list[float]]) -> list[float]:
 
 def player_names(env: VecEnv) -> list[str]:
     """Each slot's player: the env's agent names (PettingZoo's), else its role and slot."""
-    names = getattr(env, "agent_names", None)
-    if names:
-        return list(names)
+    if env.agent_names:
+        return list(env.agent_names)
     return [f"{env.role_names[r]}_{s}" for s, r in enumerate(env.roles.tolist())]
 
 
@@ -108,8 +107,6 @@ def record_episode(policy: Player, env_name: str, path: str | Path, env_options:
     gen.manual_seed(seed)
     first = env.reset(seed=seed)
     lineup.reset()
-    # Envs that auto-reset inside `step` may keep the frame an episode ended on (a game's final position).
-    ended_frame = getattr(env, "ended_frame", None)
     frames = [env.render(0)]
     total, steps = 0.0, 0
     movers, actions, rewards, next_seats = [], [], [], []
@@ -125,7 +122,7 @@ def record_episode(policy: Player, env_name: str, path: str | Path, env_options:
             next_seats.append(int(rec.active[0].nonzero()[0]) if bool(rec.active[0].any()) else None)
         if bool((rec.terminated | rec.truncated | ~before.active).all()):
             truncated = not bool(rec.terminated[0].any())
-            last = ended_frame(0) if ended_frame is not None else None
+            last = env.ended_frame(0)  # the auto-reset copy's final position, where the env keeps it
             if last is not None:
                 frames.append(last)
             break

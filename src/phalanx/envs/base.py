@@ -123,6 +123,9 @@ class VecEnv:
     # episode, on a step it sat out (another slot's turn). Both belong to its last action, as PettingZoo's
     # `last()` has them; `phalanx check-env` allows them only here.
     turn_based: bool = False
+    # The env's own names for its slots where it has them (PettingZoo's agents), else None: a recording names
+    # each slot's player by them (else by role and slot).
+    agent_names: list[str] | None = None
 
     def reset(self, seed: int | None = None) -> StepRecord:
         raise NotImplementedError
@@ -178,6 +181,12 @@ class VecEnv:
     def render(self, env_index: int = 0) -> torch.Tensor:
         """Env `env_index`'s current frame as uint8 [H, W, 3] on the CPU (where `renders`)."""
         raise NotImplementedError(f"env '{self.name}' cannot render")
+
+    def ended_frame(self, env_index: int = 0) -> torch.Tensor | None:
+        """The frame copy `env_index`'s episode ended on at the latest step, as `render` draws it, for an env that
+        resets a copy inside `step` (a recording's last frame: a game's final position); None where the env
+        keeps none."""
+        return None
 
     def close(self) -> None:
         pass

@@ -65,7 +65,7 @@ class SwappedSides(VecEnv):
         self.env = env
         for attr in ("name", "num_envs", "num_agents", "device", "observation_space", "action_space", "state_space",
                      "role_names", "roles", "success_key", "scripted_names", "capturable", "rng", "restorable", "renders",
-                     "frame_stack", "action_masks", "turn_based"):
+                     "frame_stack", "action_masks", "turn_based", "agent_names"):
             setattr(self, attr, getattr(env, attr))
         N, A = env.num_envs, env.num_agents
         # Slot k of the learner's layout is the env's slot other[k] in a swapped copy (an involution).
@@ -150,6 +150,9 @@ class SwappedSides(VecEnv):
 
     def render(self, env_index: int = 0) -> torch.Tensor:
         return self.env.render(env_index)
+
+    def ended_frame(self, env_index: int = 0) -> torch.Tensor | None:
+        return self.env.ended_frame(env_index)
 
     def close(self) -> None:
         self.env.close()
