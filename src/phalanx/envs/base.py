@@ -150,14 +150,20 @@ class VecEnv:
         raise NotImplementedError(f"env '{self.name}' does not name its step state (VecEnv.load_step_state)")
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """A copy of the dynamic state for checkpoints: `step_state`, and the generator's state as 'rng'."""
+        """A copy of the dynamic state for checkpoints: `step_state`, and the generator's state as 'rng'; empty
+        where the env is not `restorable` (its worlds cannot be saved: a resume goes on from their episodes)."""
+        if not self.restorable:
+            return {}
         out = {k: v.clone() for k, v in self.step_state().items()}
         if self.gen is not None:
             out["rng"] = generator_state(self.gen)
         return out
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Restore a `state_dict`: each tensor copied to this env's device, dtype and shape."""
+        """Restore a `state_dict`: each tensor copied to this env's device, dtype and shape (nothing where the env
+        is not `restorable`)."""
+        if not self.restorable:
+            return
         self.load_step_state({k: state[k].to(device=self.device, dtype=ref.dtype).reshape(ref.shape).clone()
                               for k, ref in self.step_state().items()})
         if self.gen is not None:

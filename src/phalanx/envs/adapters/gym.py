@@ -78,7 +78,7 @@ class GymVecEnv(VecEnv):
     gymnasium envs cannot be saved and restored bit-identically, so a resumed run re-seeds them.
     """
 
-    restorable = False
+    restorable = False  # gymnasium envs cannot be saved: a resume re-seeds them (VecEnv.state_dict is empty)
 
     def __init__(self, env_id: str, num_envs: int = 1, device: torch.device | str = "cpu", seed: int | None = 0,
                  vectorization_mode: str = "sync", **options: Any) -> None:
@@ -237,13 +237,6 @@ class GymVecEnv(VecEnv):
         frame = self.envs[env_index].render() if self.vec is None else self.vec.call("render")[env_index]
         frame = np.asarray(frame, dtype=np.uint8)
         return torch.from_numpy(np.ascontiguousarray(frame[..., :3]))
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """Empty: gymnasium envs cannot be restored bit-identically (a resume re-seeds them)."""
-        return {}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Nothing to restore (see `state_dict`); the envs keep their current episodes."""
 
     def close(self) -> None:
         for env in self.envs:

@@ -55,7 +55,7 @@ class PettingZooVecEnv(VecEnv):
     restored bit-identically, so a resumed run continues with the copies' current episodes.
     """
 
-    restorable = False
+    restorable = False  # PettingZoo envs cannot be saved: a resume goes on from their episodes
 
     def __init__(self, rest: str, envs: list[Any], device: torch.device | str = "cpu", seed: int | None = 0) -> None:
         self.envs = envs
@@ -227,19 +227,22 @@ class PettingZooVecEnv(VecEnv):
                           truncated=false.clone(), active=self._t(active, torch.bool),
                           trial_end=false.clone(), final_obs=o, state=state, final_state=state, action_mask=action_mask)
 
+    def _step_buffers(self, obs_buf: np.ndarray) -> tuple[np.ndarray, ...]:
+        """A step's host buffers, filled copy by copy: final observations, rewards, terminations, truncations, episode
+        ends and final global states (None without a state space); the frames of the last step's ended episodes go."""
+        n, a = self.num_envs, self.num_agents
+        self._ended_frames = {}
+        final_state = None if self._state_space is None else np.zeros((n, *self.state_space.shape), dtype=np.float32)
+        return (np.zeros_like(obs_buf), np.zeros((n, a), dtype=np.float32), np.zeros((n, a), dtype=bool),
+                np.zeros((n, a), dtype=bool), np.zeros(n, dtype=bool), final_state)
+
     def step(self, actions: torch.Tensor) -> StepRecord:
         actions = self.action_space.check(actions, self.num_envs, self.num_agents, values=True)
         n, a = self.num_envs, self.num_agents
         acts = actions.detach().cpu().numpy().reshape((n, a, *self.action_space.shape))
         obs_buf = np.zeros((n, a, *self._obs_shape), dtype=np.float32)
-        final_buf = np.zeros_like(obs_buf)
-        reward = np.zeros((n, a), dtype=np.float32)
-        term = np.zeros((n, a), dtype=bool)
-        trunc = np.zeros((n, a), dtype=bool)
         active = np.zeros((n, a), dtype=bool)
-        ep_done = np.zeros(n, dtype=bool)
-        final_state = None if self._state_space is None else np.zeros((n, *self.state_space.shape), dtype=np.float32)
-        self._ended_frames = {}
+        final_buf, reward, term, trunc, ep_done, final_state = self._step_buffers(obs_buf)
         for i, env in enumerate(self.envs):
             acting = list(env.agents)
             obs, rew, te, tr, _ = env.step(self._actions_for(env, acts[i]))
@@ -276,18 +279,24 @@ class PettingZooVecEnv(VecEnv):
                 for ag in env.agents:
                     active[i, self._slot[ag]] = True
         self._active = active
-        info = self._episode_info(ep_done)
+        return self._step_record(obs_buf, reward, term, trunc, active, final_buf, final_state, ep_done)
+
+    def _step_record(self, obs_buf: np.ndarray, reward: np.ndarray, term: np.ndarray, trunc: np.ndarray,
+                     active: np.ndarray, final_buf: np.ndarray, final_state: np.ndarray | None, ep_done: np.ndarray,
+                     action_mask: torch.Tensor | None = None) -> StepRecord:
+        """A step's record from its host buffers (see `_step_buffers`), on the device."""
         return StepRecord(
             obs=self._t(obs_buf, self._obs_dtype),
             reward=self._t(reward, torch.float32),
             terminated=self._t(term, torch.bool),
             truncated=self._t(trunc, torch.bool),
             active=self._t(active, torch.bool),
-            trial_end=torch.zeros(n, a, dtype=torch.bool, device=self.device),
+            trial_end=torch.zeros(self.num_envs, self.num_agents, dtype=torch.bool, device=self.device),
             final_obs=self._t(final_buf, self._obs_dtype),
             state=None if final_state is None else self._t(self._states(), torch.float32),
             final_state=None if final_state is None else self._t(final_state, torch.float32),
-            info=info,
+            info=self._episode_info(ep_done),
+            action_mask=action_mask,
         )
 
     def _episode_info(self, ep_done: np.ndarray) -> dict[str, torch.Tensor]:
@@ -299,13 +308,6 @@ class PettingZooVecEnv(VecEnv):
         self._ep_return[ep_done] = 0
         self._ep_length[ep_done] = 0
         return info
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """Empty: PettingZoo envs cannot be restored bit-identically (a resume keeps their episodes)."""
-        return {}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Nothing to restore (see `state_dict`)."""
 
     def close(self) -> None:
         for env in self.envs:

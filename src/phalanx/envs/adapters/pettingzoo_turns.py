@@ -227,13 +227,7 @@ class PettingZooTurnsVecEnv(PettingZooVecEnv):
         n, a = self.num_envs, self.num_agents
         acts = actions.detach().cpu().numpy().reshape((n, a, *self.action_space.shape))
         obs_buf, mask_buf = self._buffers()
-        final_buf = np.zeros_like(obs_buf)
-        reward = np.zeros((n, a), dtype=np.float32)
-        term = np.zeros((n, a), dtype=bool)
-        trunc = np.zeros((n, a), dtype=bool)
-        ep_done = np.zeros(n, dtype=bool)
-        final_state = None if self._state_space is None else np.zeros((n, *self.state_space.shape), dtype=np.float32)
-        self._ended_frames = {}
+        final_buf, reward, term, trunc, ep_done, final_state = self._step_buffers(obs_buf)
         for i, env in enumerate(self.envs):
             agent = self.agent_names[self._turn[i]]
             x = acts[i, self._turn[i]]
@@ -251,20 +245,8 @@ class PettingZooTurnsVecEnv(PettingZooVecEnv):
             else:
                 self._take_turn(i, *turn, obs_buf, mask_buf)
         ended = (term | trunc).reshape(n, a, *(1,) * len(self._obs_shape))
-        info = self._episode_info(ep_done)
-        return StepRecord(
-            obs=self._t(obs_buf, self._obs_dtype),
-            reward=self._t(reward, torch.float32),
-            terminated=self._t(term, torch.bool),
-            truncated=self._t(trunc, torch.bool),
-            active=self._t(self._active_now(), torch.bool),
-            trial_end=torch.zeros(n, a, dtype=torch.bool, device=self.device),
-            final_obs=self._t(np.where(ended, final_buf, obs_buf), self._obs_dtype),
-            state=None if final_state is None else self._t(self._states(), torch.float32),
-            final_state=None if final_state is None else self._t(final_state, torch.float32),
-            info=info,
-            action_mask=self._mask_tensor(mask_buf),
-        )
+        return self._step_record(obs_buf, reward, term, trunc, self._active_now(), np.where(ended, final_buf, obs_buf),
+                                 final_state, ep_done, self._mask_tensor(mask_buf))
 
 
 def _holds_mask(space: Any) -> bool:

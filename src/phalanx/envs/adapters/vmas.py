@@ -179,13 +179,6 @@ class VmasVecEnv(VecEnv):
             final_state=self._state(final_obs),
         )
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """Empty: VMAS worlds cannot be saved and restored (a resume starts fresh episodes)."""
-        return {}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Nothing to restore (see `state_dict`)."""
-
     def render(self, env_index: int = 0) -> torch.Tensor:
         try:
             frame = self.vmas.render(mode="rgb_array", env_index=env_index, visualize_when_rgb=False)
