@@ -360,3 +360,28 @@ def test_agents_with_different_numbers_of_actions_are_masked(tmp_path):
     assert int(actions[:, :2].max()) <= 1 and int(actions[:, 2].max()) == 2  # sampled: only the leader takes action 2
     assert main(["train", "--env", "pz:pz_tiny:make_mixed", "--model", "lstm", "--total-steps", "64",
                  "--run-dir", str(tmp_path / "lstm")]) == 2
+
+
+def test_every_pz_env_starts_from_the_prefix_training_defaults_under_the_users(capsys):
+    def resolved(*flags):
+        assert main(["train", "--env", "pz:mpe2.simple_spread_v3:parallel_env", *flags, "--print-config"]) == 0
+        rows = {}
+        for line in capsys.readouterr().out.splitlines():
+            key, rest = line.split("=", 1)
+            value, source = rest.rsplit("  # ", 1)
+            rows[key.strip()] = (json.loads(value), source)
+        return rows
+
+    pytest.importorskip("mpe2")
+    rows = resolved()
+    name = "env 'pz:mpe2.simple_spread_v3:parallel_env' defaults"
+    assert rows["norm_value"] == (True, name) and rows["ent_coef"] == (0.01, name)
+    assert rows["lr"][1] == "schema"
+    rows = resolved("--norm-value", "false", "--ent-coef", "0")
+    assert rows["norm_value"] == (False, "command line") and rows["ent_coef"] == (0.0, "command line")
+    # A name registered with its own spec keeps its own defaults (a tuned gym task's), not its prefix's; a prefix
+    # without defaults gives none.
+    from phalanx.envs import registry
+
+    assert registry.train_defaults("gym:LunarLander-v3")["num_envs"] == 16
+    assert registry.train_defaults("gym:CartPole-v1") == {}

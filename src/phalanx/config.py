@@ -314,13 +314,13 @@ def resolve(*layers: dict[str, Any] | None) -> Config:
     env = merged.get("env", Config.env)
     if not isinstance(env, str):
         raise ConfigError(f"config key 'env' must be str, got {env!r}")
-    spec = registry.check_name(env)
+    registry.check_name(env)
     types = registry.option_types(env) if file_env_opts else {}
     for opts, path in file_env_opts:  # typed where the env declares the type; the registry refuses unknown ones
         for key, value in opts.items():
             if key in types:
                 coerce(value, types[key], f"env option '{key}' of '{env}' in '{path}'", parse_text=False)
-    base = dict(spec.train_defaults) if spec else {}
+    base = registry.train_defaults(env)
     env_opts = {**base.pop("env_options", {}), **env_opts}
     base.update(merged)
     base.update({key: value for key, (value, _) in derive(base).items()})
@@ -356,8 +356,7 @@ def sources(cfg: Config, file_layer: dict[str, Any] | None = None, cli_layer: di
     file's, then the command line's (keys with '-' or '_')."""
     norm = lambda layer: {k.replace("-", "_") for k in (layer or {})}  # noqa: E731
     cli, file = norm(cli_layer), norm(file_layer)
-    spec = registry.spec(cfg.env)
-    env_defaults = set(spec.train_defaults) if spec else set()
+    env_defaults = set(registry.train_defaults(cfg.env))
     derived = derive({key: getattr(cfg, key) for key in cli | file | env_defaults if key in FIELDS})
     out = {}
     for key in FIELDS:
@@ -376,8 +375,8 @@ def sources(cfg: Config, file_layer: dict[str, Any] | None = None, cli_layer: di
 
 def effective_defaults(env: str) -> dict[str, Any]:
     """The defaults a run on `env` starts from: the schema's under the env's own training defaults."""
-    spec = registry.check_name(env)
-    return {**{k: v for k, _, v, _ in describe_keys()}, **(dict(spec.train_defaults) if spec else {})}
+    registry.check_name(env)
+    return {**{k: v for k, _, v, _ in describe_keys()}, **registry.train_defaults(env)}
 
 
 def from_json(data: dict[str, Any]) -> Config:

@@ -57,6 +57,7 @@ class EnvSpec:
 
 _REGISTRY: dict[str, EnvSpec] = {}
 _PREFIX_FACTORIES: dict[str, Callable[..., VecEnv]] = {}
+_PREFIX_DEFAULTS: dict[str, dict[str, Any]] = {}
 
 # The built-in names and prefixes, each with the module whose import registers it. This table is data
 # the registry needs, not a way round an import: it is how `make("cartpole")`, `phalanx envs` and the
@@ -109,8 +110,11 @@ def register(spec: EnvSpec) -> None:
     _REGISTRY[spec.name] = spec
 
 
-def register_prefix(prefix: str, factory: Callable[..., VecEnv]) -> None:
-    """`prefix:<rest>` names are built by `factory(rest, num_envs=, device=, seed=, **options)`."""
+def register_prefix(prefix: str, factory: Callable[..., VecEnv], train_defaults: dict[str, Any] | None = None) -> None:
+    """`prefix:<rest>` names are built by `factory(rest, num_envs=, device=, seed=, **options)`; `train_defaults`:
+    the training defaults of every such name (merged over the schema defaults, under user config), unless the name
+    is registered with its own spec (a tuned `gym:` task)."""
+    _PREFIX_DEFAULTS[prefix] = dict(train_defaults or {})
     if _own(BUILT_IN_PREFIXES, prefix, factory):
         _BUILT_IN_FACTORIES[prefix] = factory
     elif prefix in BUILT_IN_PREFIXES:
@@ -165,6 +169,18 @@ def spec(name: str) -> EnvSpec | None:
     if found is not None:
         _REGISTRY[name] = found
     return found
+
+
+def train_defaults(name: str) -> dict[str, Any]:
+    """The training defaults of env `name`: its spec's, else its prefix's (`pz:...`), else none."""
+    s = spec(name)
+    if s is not None:
+        return dict(s.train_defaults)
+    if is_prefix_name(name):
+        prefix = name.split(":", 1)[0]
+        _load_prefix(prefix)
+        return dict(_PREFIX_DEFAULTS.get(prefix, {}))
+    return {}
 
 
 def is_prefix_name(name: str) -> bool:
