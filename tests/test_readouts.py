@@ -110,3 +110,33 @@ def test_the_value_clip_hint_waits_out_a_fresh_critics_first_updates():
     assert value_clip_hint(held[:19], 0.2, False) is None
     hint = value_clip_hint(held, 0.2, True)
     assert hint is not None and "60%" in hint and "window of 0.2" in hint and "--norm-value" not in hint
+
+
+def test_a_gradient_clip_that_freezes_the_policy_is_said_once_and_its_remedy_frees_it(tmp_path, capsys):
+    """simple_spread through the pz: adapter at the schema's defaults (issue 51): the value loss, in units of a return
+    of -25, gave a gradient norm of 25 against max_grad_norm 0.5, so every update was shrunk 50-fold and the policy
+    barely moved (approx KL 1e-6 to 1e-8) while nothing said so. CartPole on batches of 64 steps does the same
+    (grad norm about 25, approx KL about 5e-5): the run says so once; with the remedy it names (--norm-value true:
+    grad norm about 0.5, approx KL 2e-4 to 9e-4) there is nothing to say."""
+    args = ["--num-envs", "4", "--num-steps", "16", "--total-steps", str(50 * 64), "--num-epochs", "2",
+            "--num-minibatches", "2"]
+    _, err = _train(tmp_path, capsys, *args, "--run-dir", str(tmp_path / "frozen"))
+    hints = [line for line in err if line.startswith("hint: the gradient clip")]
+    assert len(hints) == 1 and "--norm-value true" in hints[0] and "approx_kl" in hints[0], err
+    _, err = _train(tmp_path, capsys, *args, "--norm-value", "true", "--run-dir", str(tmp_path / "normalised"))
+    assert not any(line.startswith("hint: the gradient clip") for line in err), err
+
+
+def test_the_gradient_clip_hint_needs_a_shrunk_step_and_a_still_policy():
+    from phalanx.logs import grad_clip_hint
+
+    frozen = [{"grad_norm": 25.0, "approx_kl": 1e-6}] * 40
+    assert grad_clip_hint(frozen[:39], 0.5, False, 16) is None  # warm-up
+    hint = grad_clip_hint(frozen, 0.5, False, 16)
+    assert hint is not None and "50x" in hint and "--norm-value true" in hint
+    assert "--max-grad-norm" in grad_clip_hint(frozen, 0.5, True, 16)
+    # One minibatch step an update measures its KL before the step (0): it cannot say whether the policy moved.
+    assert grad_clip_hint(frozen, 0.5, False, 1) is None
+    moving = [{"grad_norm": 25.0, "approx_kl": 5e-3}] * 40  # clipped hard, yet the policy moves: no hint
+    annealed = [{"grad_norm": 0.2, "approx_kl": 1e-8}] * 40  # a still policy at the end of an annealed run
+    assert grad_clip_hint(moving, 0.5, False, 16) is None and grad_clip_hint(annealed, 0.5, False, 16) is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import statistics
 import sys
 import uuid
 from collections.abc import Sequence
@@ -121,6 +122,34 @@ def value_clip_hint(history: Sequence[dict[str, Any]], window: float, norm_value
     return (f"hint: the value loss clip held back {share:.0%} of the samples' value gradient over the last "
             f"{VALUE_CLIP_HINT_UPDATES} updates (value_clip_fraction): returns move by more than its window of "
             f"{window:g} an update, so the critic lags them; try {remedy} (docs/GUIDE.md)")
+
+
+GRAD_CLIP_HINT_UPDATES = 20  # updates over which the clip's shrink and the policy's move are judged, after as many
+GRAD_CLIP_HINT_SHRINK = 10.0  # the gradient norm over max_grad_norm at or above which an update is cut to a tenth
+GRAD_CLIP_HINT_KL = 1e-4  # a median approx KL below this: the policy stands still
+
+
+def grad_clip_hint(history: Sequence[dict[str, Any]], max_grad_norm: float, norm_value: bool,
+                   minibatch_steps: int) -> str | None:
+    """A hint, once a run has `2 * GRAD_CLIP_HINT_UPDATES` updates, when the gradient norm clip shrinks every update
+    many times over and the policy stands still: the value loss, in units of the returns, owns the shared norm
+    (simple_spread at the schema's defaults: grad norm 25 against 0.5, approx KL 1e-6 to 1e-8, issue 51). Both
+    medians must hold: a hard clip that still moves the policy, or a still policy whose gradient is small (the end
+    of an annealed run), say nothing; nor does an update of one minibatch step (`minibatch_steps`, epochs times
+    minibatches), whose approx KL is read before its only step."""
+    if len(history) < 2 * GRAD_CLIP_HINT_UPDATES or minibatch_steps < 2:
+        return None
+    recent = list(history)[-GRAD_CLIP_HINT_UPDATES:]
+    norm = statistics.median(row["grad_norm"] for row in recent)
+    kl = statistics.median(row["approx_kl"] for row in recent)
+    if norm < GRAD_CLIP_HINT_SHRINK * max_grad_norm or kl >= GRAD_CLIP_HINT_KL:
+        return None
+    remedy = ("a larger --max-grad-norm" if norm_value
+              else "--norm-value true (the value loss in running-normalised units), or --norm-reward true")
+    return (f"hint: the gradient clip cut every update about {norm / max_grad_norm:.0f}x over the last "
+            f"{GRAD_CLIP_HINT_UPDATES} updates (grad_norm {norm:.3g} against max_grad_norm {max_grad_norm:g}) and the "
+            f"policy barely moved (approx_kl {kl:.1e}): a value loss in units of large returns owns the clipped "
+            f"gradient; try {remedy} (docs/GUIDE.md)")
 
 
 def return_label(num_agents: int) -> str:

@@ -27,7 +27,7 @@ from phalanx.distributed import Dist
 from phalanx.envs import registry
 from phalanx.errors import ConfigError, NonFiniteEnvError, NonFiniteLossError, Stopped, StorageError
 from phalanx.evaluate import evaluate_policy
-from phalanx.logs import Progress, RunLog, summary_row, value_clip_hint
+from phalanx.logs import Progress, RunLog, grad_clip_hint, summary_row, value_clip_hint
 from phalanx.policy import Policy
 
 HISTORY_ROWS = 1_000  # updates kept in memory for RunResult.history
@@ -80,6 +80,7 @@ class Trainer:
         self._last_ckpt_step, self._last_ckpt_time = 0, time.monotonic()
         self._last_batch = None
         self._value_clip_hinted = not cfg.clip_vloss
+        self._grad_clip_hinted = False
 
     def compile_update(self, backend: str = "inductor") -> None:
         """The minibatch update step captured whole (`algo.compile_step`); `backend` for tests (aot_eager)."""
@@ -213,6 +214,12 @@ class Trainer:
                 hint = value_clip_hint(self.history, self.hp.value_clip, cfg.norm_value)
                 if hint is not None:
                     self._value_clip_hinted = True
+                    print(hint, file=sys.stderr, flush=True)
+            if not self._grad_clip_hinted and cfg.progress and self.main:
+                hint = grad_clip_hint(self.history, cfg.max_grad_norm, cfg.norm_value,
+                                      cfg.num_epochs * cfg.num_minibatches)
+                if hint is not None:
+                    self._grad_clip_hinted = True
                     print(hint, file=sys.stderr, flush=True)
             # Rank 0 decides for every rank (their clocks and signals may differ; a save is collective).
             due = cfg.checkpoint_minutes > 0 and time.monotonic() - self._last_ckpt_time >= 60 * cfg.checkpoint_minutes
