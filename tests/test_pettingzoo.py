@@ -376,7 +376,8 @@ def test_every_pz_env_starts_from_the_prefix_training_defaults_under_the_users(c
     rows = resolved()
     name = "env 'pz:mpe2.simple_spread_v3:parallel_env' defaults"
     assert rows["norm_value"] == (True, name) and rows["ent_coef"] == (0.01, name)
-    assert rows["lr"][1] == "schema"
+    assert rows["norm_obs"] == (True, name) and rows["lr"] == (7e-4, name)
+    assert rows["num_envs"][1] == "schema"
     rows = resolved("--norm-value", "false", "--ent-coef", "0")
     assert rows["norm_value"] == (False, "command line") and rows["ent_coef"] == (0.0, "command line")
     # A name registered with its own spec keeps its own defaults (a tuned gym task's), not its prefix's; a prefix

@@ -2,6 +2,11 @@
 a hand-written assignment heuristic and random play, scored as Phalanx scores a trained team (issue 51).
 
     python -m bench.mpe.spread --episodes 100 --seeds 1 2 3
+    python -m bench.mpe.spread --runs runs/spread-s1 runs/spread-s2 runs/spread-s3 --out bench/results/spread/table
+
+With `--runs`, each trained run is scored too: `phalanx eval RUN --episodes E --json` (greedy; kept as
+RUN/eval_spread.json), each seed's mean per-agent return, and the mean over seeds with a 95% stratified bootstrap
+(seeds resampled, then each seed's episodes).
 
 Each agent of the heuristic reads only its own observation ([own velocity, own position, landmarks relative to it,
 the other agents relative to it, communication]): it rebuilds the whole layout around itself, finds the
@@ -19,6 +24,9 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -87,13 +95,48 @@ def interval(values: np.ndarray, reps: int = 4000, seed: int = 0) -> tuple[float
     return float(lo), float(hi)
 
 
+def run_returns(run: Path, episodes: int) -> np.ndarray:
+    """A trained run's greedy per-agent returns, episode by episode (RUN/eval_spread.json, made where missing)."""
+    out = run / "eval_spread.json"
+    if not out.exists():
+        cmd = [sys.executable, "-m", "phalanx", "eval", str(run), "--episodes", str(episodes), "--torch-threads", "1",
+               "--json"]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr.strip()}")
+        out.write_text(done.stdout)
+    result = json.loads(out.read_text())
+    # The env's team return summed over the 3 agents: a per-agent return is its third.
+    return np.asarray(result["episode_returns"], dtype=float) / N
+
+
+def stratified_interval(groups: list[np.ndarray], reps: int = 4000, seed: int = 0) -> tuple[float, float]:
+    rng = np.random.default_rng(seed)
+    boot = np.empty(reps)
+    for k in range(reps):
+        picked = rng.integers(len(groups), size=len(groups))
+        boot[k] = np.mean([rng.choice(groups[i], size=len(groups[i])).mean() for i in picked])
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--episodes", type=int, default=100, help="episodes per seed")
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--json", action="store_true", help="print JSON")
+    ap.add_argument("--runs", type=Path, nargs="*", default=[], help="trained runs of simple_spread to score as well")
+    ap.add_argument("--out", type=Path, help="with --runs: write OUT.md and OUT.json")
     args = ap.parse_args()
     out = {}
+    if args.runs:
+        groups = [run_returns(r, args.episodes) for r in args.runs]
+        configs = [json.loads((r / "config.json").read_text()) for r in args.runs]
+        lo, hi = stratified_interval(groups)
+        out["trained"] = {"mean_agent_return": float(np.mean([g.mean() for g in groups])), "ci95": [lo, hi],
+                          "per_seed": {str(c["seed"]): float(g.mean()) for c, g in zip(configs, groups)},
+                          "episodes": int(sum(len(g) for g in groups)), "seeds": [c["seed"] for c in configs],
+                          "runs": [str(r) for r in args.runs]}
     for team in ("heuristic", "random"):
         returns = np.concatenate([play(team, args.episodes, s) for s in args.seeds])
         lo, hi = interval(returns)
@@ -102,9 +145,17 @@ def main() -> None:
     if args.json:
         print(json.dumps(out))
         return
+    lines = ["| team | per-agent return [95% interval] | per seed | episodes |", "|---|---|---|---|"]
     for team, r in out.items():
-        print(f"{team:<10} per-agent return {r['mean_agent_return']:.2f} [{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}] "
-              f"({r['episodes']} episodes, seeds {', '.join(map(str, r['seeds']))})")
+        per_seed = ", ".join(f"{v:.2f}" for v in r["per_seed"].values()) if "per_seed" in r else "-"
+        lines.append(f"| {team} | {r['mean_agent_return']:.2f} [{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}] | {per_seed} | "
+                     f"{r['episodes']} (seeds {', '.join(map(str, r['seeds']))}) |")
+    table = "\n".join(lines) + "\n"
+    print(table, end="")
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_suffix(".md").write_text(table)
+        args.out.with_suffix(".json").write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":
