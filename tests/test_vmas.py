@@ -35,6 +35,23 @@ def test_navigation_meets_the_env_contract():
     assert env.state_space.shape == (54,)
 
 
+@pytest.mark.parametrize(("task", "agents", "horizon"), [("balance", 4, 100), ("dispersion", 4, 100), ("passage", 5, 500),
+                                                       ("transport", 4, 100), ("wheel", 4, 100)])
+def test_benchmarls_tasks_meet_the_env_contract_with_its_settings(task, agents, horizon):
+    # wheel's scenario returns each agent's reward as [N, 1] where the others give [N]: a step must still say [N, A].
+    env = make(f"vmas:{task}", num_envs=3, seed=0)
+    env.reset(seed=1)
+    check_env(env)
+    assert (env.num_agents, env.max_steps) == (agents, horizon)
+    assert env.step(torch.zeros(3, agents, 2)).reward.shape == (3, agents)
+    assert registry.train_defaults(f"vmas:{task}")["num_envs"] == 600
+
+
+def test_every_vmas_scenario_trains_from_the_vmas_defaults():
+    assert registry.train_defaults("vmas:flocking") == registry.train_defaults("vmas:navigation")
+    assert registry.train_defaults("vmas:flocking")["critic"] == "mappo"
+
+
 def test_discrete_actions_meet_the_env_contract():
     env = make("vmas:navigation", num_envs=3, seed=0, continuous_actions=False)
     env.reset(seed=2)

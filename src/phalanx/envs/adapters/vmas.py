@@ -6,9 +6,9 @@ tensors: nothing goes through the host on the step path but what VMAS itself rea
 Options other than `max_steps` and `continuous_actions` are the scenario's own keyword arguments,
 e.g. `--n-agents 3 --shared-rew false`; an option the scenario does not take is refused.
 
-`vmas:navigation` and `vmas:balance` carry BenchMARL's task settings (navigation: 3 agents, individual
-rewards; balance: 4 agents; both 100 steps) and Phalanx's tuned training defaults for them
-(bench/vmas_vs_benchmarl.py measures both against BenchMARL's MAPPO).
+Every `vmas:` name trains from Phalanx's VMAS defaults (BenchMARL's batch, network and discounting, Phalanx's
+optimiser settings). Six names carry BenchMARL's task settings: navigation, balance, dispersion, passage,
+transport and wheel (bench/vmas_vs_benchmarl.py measures them against BenchMARL's MAPPO).
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ class VmasVecEnv(VecEnv):
             obs = torch.where(done[:, None, None], fresh, final_obs)
         return StepRecord(
             obs=obs,
-            reward=torch.stack(rewards, dim=1).float(),
+            reward=torch.stack([r.reshape(n) for r in rewards], dim=1).float(),  # wheel gives each agent [N, 1], the others [N]
             terminated=term[:, None].expand(n, a).clone(),
             truncated=trunc[:, None].expand(n, a).clone(),
             active=torch.ones(n, a, dtype=torch.bool, device=self.device),
@@ -204,27 +204,39 @@ def _task(scenario: str, settings: dict[str, Any]):
     return factory
 
 
-register_prefix("vmas", _make_vmas)
-
-# Phalanx's tuned PPO for the benchmarked tasks (bench/vmas_vs_benchmarl.py): BenchMARL's batch of 600 worlds x
-# 100 steps, network (256x256 tanh), MAPPO critic on all observations and discounting (gamma = lambda = 0.9),
-# with fewer, larger optimisation steps than its 45 passes over 15 minibatches at lr 5e-5.
+# Phalanx's PPO for VMAS, the defaults of every `vmas:` name (bench/vmas_vs_benchmarl.py measured them on the six
+# tasks below): BenchMARL's batch of 600 worlds x 100 steps, network (256x256 tanh), MAPPO critic on all observations
+# and discounting (gamma = lambda = 0.9), with fewer, larger optimisation steps than its 45 passes over 15 minibatches
+# at lr 5e-5.
 _VMAS_TRAIN = {
     "num_envs": 600, "num_steps": 100, "gamma": 0.9, "gae_lambda": 0.9, "hidden_sizes": [256, 256], "activation": "tanh",
     "critic": "mappo", "param_sharing": "shared", "lr": 1e-3, "num_epochs": 10, "num_minibatches": 15, "ent_coef": 0.0,
     "norm_obs": False, "norm_reward": False, "total_steps": 3_000_000,
     "clip_vloss": True,  # the benchmark's figures were measured with the value loss clipped; not yet without
 }
+register_prefix("vmas", _make_vmas, train_defaults=_VMAS_TRAIN)
+
+# BenchMARL's task settings (its conf/task/vmas/<task>.yaml, BenchMARL 1.5.2), so that `--env vmas:<task>` is the task
+# its tables report.
 for _scenario, _settings, _about in (
     ("navigation", {"n_agents": 3, "shared_rew": False, "collisions": True, "agents_with_same_goal": 1, "split_goals": False,
                     "observe_all_goals": False, "lidar_range": 0.35, "agent_radius": 0.1},
      "3 agents reach their own goals past each other (lidar); individual rewards"),
     ("balance", {"n_agents": 4, "random_package_pos_on_line": True, "package_mass": 5},
      "4 agents carry a package on a line to a goal without dropping it; shared reward"),
+    ("dispersion", {"n_agents": 4, "n_food": 4, "share_reward": True, "food_radius": 0.02, "penalise_by_time": False},
+     "4 agents spread out to eat 4 food items; shared reward"),
+    ("passage", {"max_steps": 500, "n_passages": 1, "shared_reward": True},
+     "5 agents in formation cross a wall through one gap to their goals; shared reward, 500 steps"),
+    ("transport", {"n_agents": 4, "n_packages": 1, "package_width": 0.15, "package_length": 0.15, "package_mass": 50},
+     "4 agents push a package 50 times their mass to a goal; shared reward"),
+    ("wheel", {"n_agents": 4, "line_length": 1, "line_mass": 30, "desired_velocity": 0.05},
+     "4 agents turn a heavy line about its centre at a desired angular velocity; shared reward"),
 ):
     register(EnvSpec(
         name=f"vmas:{_scenario}", factory=_task(_scenario, _settings),
-        description=f"VMAS {_scenario} with BenchMARL's settings: {_about}; Box(2) per agent, 100 steps (vmas extra)",
+        description=f"VMAS {_scenario} with BenchMARL's settings: {_about}; Box(2) per agent"
+                    f"{'' if 'max_steps' in _settings else ', 100 steps'} (vmas extra)",
         train_defaults=dict(_VMAS_TRAIN), free_options=True,
     ))
 
