@@ -193,6 +193,15 @@ def run_phalanx(task: str, seed: int, frames: int, eval_every: int, episodes: in
             "mappo_values": cfg.mappo_values, "torch_threads": used}
 
 
+def run_random(task: str, seed: int, episodes: int, device: str) -> dict:
+    """Uniform random actions over each agent's action box, evaluated by the same protocol as the libraries."""
+    from phalanx.evaluate import evaluate_policy
+
+    res = evaluate_policy(None, f"vmas:{task}", episodes=episodes, greedy=True, seed=10_000 + seed, device=device,
+                          num_envs=episodes)
+    return {"return": res["mean_agent_return"]}
+
+
 def per_pass(run: dict) -> float:
     """Seconds of one batch's collection plus one optimisation pass over it (GAE shared out over the passes)."""
     return run["collect_seconds"] + run["update_seconds"] / run["passes"]
@@ -213,14 +222,17 @@ def at_frames(curve: list[dict], frames: int) -> dict:
     return [p for p in curve if p["frames"] <= frames][-1]
 
 
-def report(runs: list[dict], out: Path, tasks: list[str], seeds: list[int], frames: int, device: str) -> str:
+def report(runs: list[dict], out: Path, tasks: list[str], seeds: list[int], frames: int, device: str,
+           random_play: list[dict] = (), episodes: int = 200) -> str:
     lines = [f"VMAS MAPPO, BenchMARL {frames:,} frames, seeds {', '.join(map(str, seeds))}, device {device}; "
-             "return: mean episode reward per agent (BenchMARL's evaluation, 200 episodes), mean [min, max] over seeds.", "",
-             f"| task | library | return at {frames:,} frames | train wall-clock to {frames:,} frames (s) | frames/s | "
-             "return at the run's end (frames) | time to BenchMARL's final return | collection + one pass (s) | "
+             f"return: mean episode reward per agent (BenchMARL's evaluation, {episodes} episodes), mean [min, max] over seeds; "
+             "random play: uniform actions, the same evaluation.", "",
+             f"| task | library | return at {frames:,} frames | random play | train wall-clock to {frames:,} frames (s) | "
+             "frames/s | return at the run's end (frames) | time to BenchMARL's final return | collection + one pass (s) | "
              "vs BenchMARL |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for task in tasks:
+        rand = interval([r["return"] for r in random_play if r["task"] == task])
         by = {lib: [r for r in runs if r["task"] == task and r["library"] == lib] for lib in LIBRARIES}
         bm_final = statistics.fmean(r["curve"][-1]["return"] for r in by["benchmarl"]) if by["benchmarl"] else None
         bm_time = statistics.fmean(r["train_seconds"] for r in by["benchmarl"]) if by["benchmarl"] else None
@@ -240,7 +252,7 @@ def report(runs: list[dict], out: Path, tasks: list[str], seeds: list[int], fram
             if lib == "phalanx" and bm_final is not None:
                 times = [time_to_reach(r["curve"], bm_final) for r in rs]
                 reach = ", ".join("not reached" if t is None else f"{t:.0f} s ({t / bm_time:.2f}x BenchMARL's)" for t in times)
-            lines.append(f"| {task} | {lib} | {interval([p['return'] for p in same])} | {interval([p['time'] for p in same])} | "
+            lines.append(f"| {task} | {lib} | {interval([p['return'] for p in same])} | {rand} | {interval([p['time'] for p in same])} | "
                          f"{statistics.fmean(fps):,.0f} | {interval(ends)} ({rs[0]['frames']:,}) | {reach} | {pass_cell} | {ratio} |")
     used = {lib: sorted({json.dumps(r.get("torch_threads", "not recorded")) for r in runs if r["library"] == lib})
             for lib in LIBRARIES}
@@ -298,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--phalanx-set torch_threads: give --threads, which sets the threads of both libraries")
     if args.threads < 1:
         p.error(f"--threads must be >= 1; got {args.threads}")
-    if "benchmarl" in args.libraries.split(",") and importlib.util.find_spec("benchmarl") is None:
+    wanted = [args.one[0]] if args.one else args.libraries.split(",")
+    if "benchmarl" in wanted and importlib.util.find_spec("benchmarl") is None:
         p.error("BenchMARL is not installed: pip install -e '.[benchmarl]' && pip install --no-deps benchmarl==1.5.2")
     if args.one:
         import torch
@@ -308,7 +321,9 @@ def main(argv: list[str] | None = None) -> int:
         where = out / f"{lib}-{task}-{seed}"
         where.mkdir(parents=True, exist_ok=True)
         settings = dict(kv.split("=", 1) for kv in args.phalanx_set.split(",") if kv)
-        if lib == "benchmarl":
+        if lib == "random":
+            result = run_random(task, seed, args.eval_episodes, args.device)
+        elif lib == "benchmarl":
             result = run_benchmarl(task, seed, args.frames, args.eval_every, args.eval_episodes, args.device, where)
         else:
             result = run_phalanx(task, seed, args.phalanx_frames, args.eval_every, args.eval_episodes, args.device, where,
@@ -321,10 +336,10 @@ def main(argv: list[str] | None = None) -> int:
         if value % BATCH_FRAMES:
             p.error(f"{name} must be a multiple of {BATCH_FRAMES:,} (one batch); got {value:,}")
     tasks, seeds = args.tasks.split(","), [int(s) for s in args.seeds.split(",")]
-    runs = []
+    runs, random_play = [], []
     for task in tasks:
         for seed in seeds:
-            for lib in args.libraries.split(","):
+            for lib in [*args.libraries.split(","), "random"]:
                 result = out / f"{lib}-{task}-{seed}" / "result.json"
                 if not result.exists():
                     print(f"{lib} {task} seed {seed} ...", flush=True)
@@ -333,9 +348,10 @@ def main(argv: list[str] | None = None) -> int:
                            "--device", args.device, "--threads", str(args.threads), "--out", str(out),
                            "--phalanx-set", args.phalanx_set]
                     subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
-                runs.append(json.loads(result.read_text()))
+                (random_play if lib == "random" else runs).append(json.loads(result.read_text()))
     (out / "runs.json").write_text(json.dumps(runs, indent=1))
-    print(report(runs, out, tasks, seeds, args.frames, args.device))
+    (out / "random_play.json").write_text(json.dumps(random_play, indent=1))
+    print(report(runs, out, tasks, seeds, args.frames, args.device, random_play, args.eval_episodes))
     return 0
 
 
