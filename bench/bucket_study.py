@@ -1,14 +1,14 @@
 """The bucket_brigade study: in each of the 12 scenarios, learned teams (several seeds) against every
 homogeneous archetype team and random play. Reads run directories whose `eval_vs.json` holds
-`phalanx eval RUN --episodes 200 --vs firefighter,free_rider,hero,coordinator,liar,random --json`, and
-writes a Markdown table (and JSON) with 95% intervals.
+`phalanx eval RUN --episodes N --vs firefighter,free_rider,hero,coordinator,liar,random --json` (N = 200 at a
+quarter budget, 1000 at the full one), and writes a Markdown table (and JSON) with 95% intervals.
 
     phalanx sweep bench/bucket_study.yaml --dir runs/bucket_study --workers 2
     for r in runs/bucket_study/runs/*; do phalanx eval $r --episodes 200 \\
         --vs firefighter,free_rider,hero,coordinator,liar,random --json > $r/eval_vs.json; done
     python bench/bucket_study.py runs/bucket_study --out bench/results/bucket_study.md
 
-Intervals: a scripted team's is the normal 95% interval of its mean episode return over the 200
+Intervals: a scripted team's is the normal 95% interval of its mean episode return over the N
 episodes; the learned teams' is a 95% stratified bootstrap over seeds x episodes (each seed's episodes
 resampled from a normal with that seed's mean and standard error, then averaged over seeds), so both
 the seed-to-seed and the episode-to-episode spread count.
@@ -28,10 +28,10 @@ from phalanx.zoo.bucket_brigade import SCENARIOS
 TEAMS = ("firefighter", "free_rider", "hero", "coordinator", "liar", "random")
 
 
-def load(root: Path) -> dict[str, list[dict]]:
-    """scenario -> the eval_vs.json of each seed's run (scenarios in the env's order)."""
+def load(root: Path, evals: str = "eval_vs.json") -> dict[str, list[dict]]:
+    """scenario -> the evaluation file `evals` of each seed's run (scenarios in the env's order)."""
     out: dict[str, list[dict]] = {name: [] for name in SCENARIOS}
-    for ev in sorted(root.rglob("eval_vs.json")):
+    for ev in sorted(root.rglob(evals)):
         cfg = json.loads((ev.parent / "config.json").read_text())
         data = json.loads(ev.read_text())
         data["seed"] = cfg["seed"]
@@ -81,8 +81,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("root", type=Path, help="a folder holding the study's run directories")
     p.add_argument("--out", type=Path, default=None, help="Markdown file to write (a .json beside it)")
+    p.add_argument("--evals", default="eval_vs.json", help="the name of each run's evaluation file [eval_vs.json]")
     args = p.parse_args()
-    md, rows = table(load(args.root))
+    md, rows = table(load(args.root, args.evals))
     print(md)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
