@@ -47,6 +47,14 @@ def test_benchmarls_tasks_meet_the_env_contract_with_its_settings(task, agents, 
     assert registry.train_defaults(f"vmas:{task}")["num_envs"] == 600
 
 
+def test_dispersion_agents_start_alike_so_its_defaults_tell_them_apart():
+    # One point, one observation for all four: a shared network needs the agent id to send them to different food.
+    obs = make("vmas:dispersion", num_envs=3, seed=0).reset(seed=1).obs
+    assert all(torch.equal(obs[:, 0], obs[:, j]) for j in range(1, 4))
+    assert registry.train_defaults("vmas:dispersion")["param_sharing"] == "shared_id"
+    assert registry.train_defaults("vmas:navigation")["param_sharing"] == "shared"  # as measured against BenchMARL
+
+
 def test_every_vmas_scenario_trains_from_the_vmas_defaults():
     assert registry.train_defaults("vmas:flocking") == registry.train_defaults("vmas:navigation")
     assert registry.train_defaults("vmas:flocking")["critic"] == "mappo"
