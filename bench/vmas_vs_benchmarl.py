@@ -148,14 +148,26 @@ def run_benchmarl(task: str, seed: int, frames: int, eval_every: int, episodes: 
             "torch_threads": {"collect": used, "update": used}}
 
 
+def score(run_dir: Path, checkpoint: Path | None, episodes: int, device: str) -> float:
+    """A Phalanx run's policy (`checkpoint`, or its latest) scored by BenchMARL's protocol: deterministic actions,
+    `episodes` worlds side by side, each episode to its first done, on evaluation seed 10,000 + the run's seed."""
+    from phalanx import runs as phalanx_runs
+    from phalanx.evaluate import evaluate_policy
+    from phalanx.policy import load
+
+    cfg = phalanx_runs.load_run_config(run_dir)
+    policy = load(run_dir, device=device, checkpoint=checkpoint)
+    res = evaluate_policy(policy, cfg.env, cfg.env_options, episodes=episodes, greedy=True, seed=10_000 + cfg.seed,
+                          device=device, num_envs=episodes)
+    return res["mean_agent_return"]
+
+
 def run_phalanx(task: str, seed: int, frames: int, eval_every: int, episodes: int, device: str, out: Path,
                 threads: int, settings: dict[str, str] | None = None) -> dict:
     from phalanx import checkpoint as ckpt
     from phalanx import devices
     from phalanx import runs as phalanx_runs
     from phalanx.config import resolve
-    from phalanx.evaluate import evaluate_policy
-    from phalanx.policy import load
     from phalanx.trainer import Trainer
 
     # The process a user's `phalanx train` runs in: freed host memory kept for the next update (without it,
@@ -183,11 +195,7 @@ def run_phalanx(task: str, seed: int, frames: int, eval_every: int, episodes: in
     for path in sorted((run_dir / "checkpoints").iterdir()):
         step = int(path.name.split("_")[-1])
         at = next(r for r in rows if r["step"] == step)
-        policy = load(run_dir, device=device, checkpoint=path)
-        # BenchMARL's protocol: deterministic actions, `episodes` worlds side by side, each episode to its first done.
-        res = evaluate_policy(policy, cfg.env, cfg.env_options, episodes=episodes, greedy=True, seed=10_000 + seed,
-                              device=device, num_envs=episodes)
-        curve.append({"frames": step, "time": at["time"] - start, "return": res["mean_agent_return"]})
+        curve.append({"frames": step, "time": at["time"] - start, "return": score(run_dir, path, episodes, device)})
     return {"curve": curve, "train_seconds": rows[-1]["time"] - start, "frames": rows[-1]["step"], "passes": cfg.num_epochs,
             "collect_seconds": clock["collect"] / batches, "update_seconds": clock["update"] / batches,
             "mappo_values": cfg.mappo_values, "torch_threads": used}
@@ -304,8 +312,19 @@ def main(argv: list[str] | None = None) -> int:
                    "(e.g. mappo_values=per_agent,torch_threads=1 for the settings before issue 30)")
     p.add_argument("--out", default="bench/results/vmas_vs_benchmarl")
     p.add_argument("--one", nargs=3, metavar=("LIBRARY", "TASK", "SEED"), help=argparse.SUPPRESS)
+    p.add_argument("--score", nargs="+", type=Path, metavar="RUN", help="score Phalanx run directories' latest "
+                   "checkpoints by the same protocol (e.g. runs at the full default budget) and write RUN/eval_benchmarl.json")
     args = p.parse_args(argv)
     out = Path(args.out)
+    if args.score:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        for run_dir in args.score:
+            result = {"run": str(run_dir), "episodes": args.eval_episodes, "return": score(run_dir, None, args.eval_episodes, args.device)}
+            (run_dir / "eval_benchmarl.json").write_text(json.dumps(result, indent=1) + "\n")
+            print(json.dumps(result))
+        return 0
     if "torch_threads" in args.phalanx_set:
         p.error("--phalanx-set torch_threads: give --threads, which sets the threads of both libraries")
     if args.threads < 1:
