@@ -38,6 +38,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 LIBRARIES = ("benchmarl", "phalanx")
@@ -152,13 +153,20 @@ def score(run_dir: Path, checkpoint: Path | None, episodes: int, device: str) ->
     """A Phalanx run's policy (`checkpoint`, or its latest) scored by BenchMARL's protocol: deterministic actions,
     `episodes` worlds side by side, each episode to its first done, on evaluation seed 10,000 + the run's seed."""
     from phalanx import runs as phalanx_runs
-    from phalanx.evaluate import evaluate_policy
     from phalanx.policy import load
 
     cfg = phalanx_runs.load_run_config(run_dir)
-    policy = load(run_dir, device=device, checkpoint=checkpoint)
-    res = evaluate_policy(policy, cfg.env, cfg.env_options, episodes=episodes, greedy=True, seed=10_000 + cfg.seed,
-                          device=device, num_envs=episodes)
+    return benchmarl_protocol(load(run_dir, device=device, checkpoint=checkpoint), cfg.env, cfg.env_options, cfg.seed,
+                              episodes, device)
+
+
+def benchmarl_protocol(policy, env: str, env_options: dict, seed: int, episodes: int, device: str) -> float:
+    """The mean per-agent return of `policy` (None: uniform random actions) over `episodes` worlds side by side, each
+    episode to its first done, deterministic actions, evaluation seed 10,000 + `seed`."""
+    from phalanx.evaluate import evaluate_policy
+
+    res = evaluate_policy(policy, env, env_options, episodes=episodes, greedy=True, seed=10_000 + seed, device=device,
+                          num_envs=episodes)
     return res["mean_agent_return"]
 
 
@@ -203,11 +211,7 @@ def run_phalanx(task: str, seed: int, frames: int, eval_every: int, episodes: in
 
 def run_random(task: str, seed: int, episodes: int, device: str) -> dict:
     """Uniform random actions over each agent's action box, evaluated by the same protocol as the libraries."""
-    from phalanx.evaluate import evaluate_policy
-
-    res = evaluate_policy(None, f"vmas:{task}", episodes=episodes, greedy=True, seed=10_000 + seed, device=device,
-                          num_envs=episodes)
-    return {"return": res["mean_agent_return"]}
+    return {"return": benchmarl_protocol(None, f"vmas:{task}", {}, seed, episodes, device)}
 
 
 def per_pass(run: dict) -> float:
@@ -231,7 +235,7 @@ def at_frames(curve: list[dict], frames: int) -> dict:
 
 
 def report(runs: list[dict], out: Path, tasks: list[str], seeds: list[int], frames: int, device: str,
-           random_play: list[dict] = (), episodes: int = 200) -> str:
+           random_play: Sequence[dict] = (), episodes: int = 200) -> str:
     lines = [f"VMAS MAPPO, BenchMARL {frames:,} frames, seeds {', '.join(map(str, seeds))}, device {device}; "
              f"return: mean episode reward per agent (BenchMARL's evaluation, {episodes} episodes), mean [min, max] over seeds; "
              "random play: uniform actions, the same evaluation.", "",
