@@ -55,6 +55,15 @@ def test_dispersion_agents_start_alike_so_its_defaults_tell_them_apart():
     assert registry.train_defaults("vmas:navigation")["param_sharing"] == "shared"  # as measured against BenchMARL
 
 
+def test_passage_agents_see_one_goal_vector_and_not_each_other_so_its_defaults_tell_them_apart():
+    # Five agents, one formation: the goal vector is the same for all, and no agent observes another.
+    env = make("vmas:passage", num_envs=3, seed=0)
+    obs = env.reset(seed=1).obs
+    assert all(torch.allclose(obs[:, 0, 4:6], obs[:, j, 4:6], atol=1e-5) for j in range(1, 5))
+    assert env.observation_space.shape == (8,)  # position, velocity, goal vector, gap vector: nothing of the others
+    assert registry.train_defaults("vmas:passage")["param_sharing"] == "shared_id"
+
+
 def test_every_vmas_scenario_trains_from_the_vmas_defaults():
     assert registry.train_defaults("vmas:flocking") == registry.train_defaults("vmas:navigation")
     assert registry.train_defaults("vmas:flocking")["critic"] == "mappo"

@@ -216,10 +216,15 @@ _VMAS_TRAIN = {
 }
 register_prefix("vmas", _make_vmas, train_defaults=_VMAS_TRAIN)
 
-# Per-task training defaults over _VMAS_TRAIN. dispersion's agents all start on one point and see the same observation,
-# so one shared network without an agent id gives all of them the same deterministic action: they chase one food
-# together (greedy return 0.145 at 720k frames, below random play's 0.305; with the id 0.570, seed 1, issue 51).
-_VMAS_TASK_TRAIN: dict[str, dict[str, Any]] = {"dispersion": {"param_sharing": "shared_id"}}
+# Per-task training defaults over _VMAS_TRAIN: the agent id where a shared network cannot otherwise tell the agents
+# apart (issue 51, seed 1, greedy returns by BenchMARL's protocol at 720k frames).
+# - dispersion: all four start on one point with one observation, so without the id they chase one food together
+#   (0.145, below random play's 0.305; with the id 0.570).
+# - passage: each agent sees its own goal vector, the same for all five, and nothing of the others, so one network's
+#   actions form a single field over positions that draws neighbours together: without the id 164 collisions an
+#   episode at 3M frames (-2,267 against random play's -449), with it 11 at 720k (+50).
+_VMAS_TASK_TRAIN: dict[str, dict[str, Any]] = {"dispersion": {"param_sharing": "shared_id"},
+                                                "passage": {"param_sharing": "shared_id"}}
 
 # BenchMARL's task settings (its conf/task/vmas/<task>.yaml, BenchMARL 1.5.2), so that `--env vmas:<task>` is the task
 # its tables report.
