@@ -55,13 +55,23 @@ def test_dispersion_agents_start_alike_so_its_defaults_tell_them_apart():
     assert registry.train_defaults("vmas:navigation")["param_sharing"] == "shared"  # as measured against BenchMARL
 
 
-def test_passage_agents_see_one_goal_vector_and_not_each_other_so_its_defaults_tell_them_apart():
-    # Five agents, one formation: the goal vector is the same for all, and no agent observes another.
-    env = make("vmas:passage", num_envs=3, seed=0)
-    obs = env.reset(seed=1).obs
-    assert all(torch.allclose(obs[:, 0, 4:6], obs[:, j, 4:6], atol=1e-5) for j in range(1, 5))
-    assert env.observation_space.shape == (8,)  # position, velocity, goal vector, gap vector: nothing of the others
-    assert registry.train_defaults("vmas:passage")["param_sharing"] == "shared_id"
+def _gap_x(obs: torch.Tensor) -> torch.Tensor:
+    return (obs[:, 0, 0] + obs[:, 0, 6]).round(decimals=3)  # agent 0's x plus its vector to the gap: where each world's gap is
+
+
+def test_passage_worlds_each_draw_their_own_gap_at_every_reset():
+    # VMAS's batched reset draws passage's layout once (randperm(...).tolist()) for all worlds: 600 copies of one gap.
+    env = make("vmas:passage", num_envs=16, seed=0, max_steps=2)
+    first = _gap_x(env.reset(seed=1).obs)
+    assert first.unique().numel() > 4
+    env.step(torch.zeros(16, 5, 2))
+    again = env.step(torch.zeros(16, 5, 2))  # every world ends on its time limit at once
+    assert again.truncated.all()
+    assert _gap_x(again.obs).unique().numel() > 4 and not torch.equal(_gap_x(again.obs), first)
+    batched = make("vmas:passage", num_envs=16, seed=0, independent_resets=False)  # VMAS's one call, on request
+    assert _gap_x(batched.reset(seed=1).obs).unique().numel() == 1
+    with pytest.raises(ConfigError, match="independent_resets"):
+        make("vmas:passage", num_envs=2, independent_resets="yes")
 
 
 def test_every_vmas_scenario_trains_from_the_vmas_defaults():

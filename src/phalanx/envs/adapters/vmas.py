@@ -28,6 +28,12 @@ from phalanx.errors import ConfigError, MissingExtraError, PhalanxError, one_lin
 # BenchMARL's horizon for every VMAS task (its conf/task/vmas/*.yaml); VMAS's own default is no limit.
 DEFAULT_MAX_STEPS = 100
 
+# Scenarios whose batched reset (`reset_world_at(None)`) draws part of the layout once for every world
+# (`torch.randperm(...).tolist()`: passage's gap and formation order, the agent order of the others), so that N worlds
+# reset together are N copies of one draw. passage trained on ten gaps in 3M frames and was scored on one (issue 51).
+# Phalanx resets these world by world; `independent_resets=False` takes VMAS's one call back.
+ONE_DRAW_PER_BATCH = frozenset({"passage", "ball_passage", "ball_trajectory", "football", "joint_passage", "wind_flocking"})
+
 
 def _require_vmas(what: str) -> Any:
     try:
@@ -74,7 +80,8 @@ class VmasVecEnv(VecEnv):
     renders = True
 
     def __init__(self, scenario: str, num_envs: int = 1, device: torch.device | str = "cpu", seed: int | None = 0,
-                 max_steps: int = DEFAULT_MAX_STEPS, continuous_actions: bool = True, **scenario_options: Any) -> None:
+                 max_steps: int = DEFAULT_MAX_STEPS, continuous_actions: bool = True, independent_resets: bool | None = None,
+                 **scenario_options: Any) -> None:
         vmas = _require_vmas(f"env 'vmas:{scenario}'")
         known = sorted(set(vmas.scenarios) | set(vmas.mpe_scenarios) | set(vmas.debug_scenarios))
         if scenario not in known:
@@ -83,6 +90,9 @@ class VmasVecEnv(VecEnv):
             raise ConfigError(f"env option 'max_steps' of 'vmas:{scenario}' must be a positive int; got {max_steps!r}")
         if not isinstance(continuous_actions, bool):
             raise ConfigError(f"env option 'continuous_actions' of 'vmas:{scenario}' must be true or false; got {continuous_actions!r}")
+        if independent_resets is not None and not isinstance(independent_resets, bool):
+            raise ConfigError(f"env option 'independent_resets' of 'vmas:{scenario}' must be true or false; got {independent_resets!r}")
+        self.independent_resets = scenario in ONE_DRAW_PER_BATCH if independent_resets is None else independent_resets
         self.name = f"vmas:{scenario}"
         self.num_envs = num_envs
         self.device = torch.device(device)
@@ -139,8 +149,18 @@ class VmasVecEnv(VecEnv):
     def _state(self, obs: torch.Tensor) -> torch.Tensor:
         return obs.reshape(self.num_envs, -1)
 
+    def _reset_every_world(self) -> None:
+        if self.independent_resets:
+            for i in range(self.num_envs):
+                self.vmas.reset_at(i, return_observations=False)
+        else:
+            self.vmas.reset(return_observations=False)
+
     def reset(self, seed: int | None = None) -> StepRecord:
         obs = self._obs(self.vmas.reset(seed=seed))
+        if self.independent_resets:
+            self._reset_every_world()
+            obs = self._obs(self._observe())
         n, a = self.num_envs, self.num_agents
         false = torch.zeros(n, a, dtype=torch.bool, device=self.device)
         state = self._state(obs)
@@ -161,7 +181,7 @@ class VmasVecEnv(VecEnv):
         obs = final_obs
         if finished.numel():
             if finished.numel() == n:
-                self.vmas.reset(return_observations=False)
+                self._reset_every_world()
             else:
                 for i in finished.tolist():
                     self.vmas.reset_at(i, return_observations=False)
@@ -216,15 +236,10 @@ _VMAS_TRAIN = {
 }
 register_prefix("vmas", _make_vmas, train_defaults=_VMAS_TRAIN)
 
-# Per-task training defaults over _VMAS_TRAIN: the agent id where a shared network cannot otherwise tell the agents
-# apart (issue 51, seed 1, greedy returns by BenchMARL's protocol at 720k frames).
-# - dispersion: all four start on one point with one observation, so without the id they chase one food together
-#   (0.145, below random play's 0.305; with the id 0.570).
-# - passage: each agent sees its own goal vector, the same for all five, and nothing of the others, so one network's
-#   actions form a single field over positions that draws neighbours together: without the id 164 collisions an
-#   episode at 3M frames (-2,267 against random play's -449), with it 11 at 720k (+50).
-_VMAS_TASK_TRAIN: dict[str, dict[str, Any]] = {"dispersion": {"param_sharing": "shared_id"},
-                                                "passage": {"param_sharing": "shared_id"}}
+# Per-task training defaults over _VMAS_TRAIN. dispersion's agents all start on one point and see the same observation,
+# so one shared network without an agent id gives all of them the same deterministic action: they chase one food
+# together (greedy return 0.145 at 720k frames, below random play's 0.305; with the id 0.570, seed 1, issue 51).
+_VMAS_TASK_TRAIN: dict[str, dict[str, Any]] = {"dispersion": {"param_sharing": "shared_id"}}
 
 # BenchMARL's task settings (its conf/task/vmas/<task>.yaml, BenchMARL 1.5.2), so that `--env vmas:<task>` is the task
 # its tables report.
