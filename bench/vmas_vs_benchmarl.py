@@ -214,6 +214,31 @@ def run_random(task: str, seed: int, episodes: int, device: str) -> dict:
     return {"return": benchmarl_protocol(None, f"vmas:{task}", {}, seed, episodes, device)}
 
 
+def run_heuristic(task: str, seed: int, episodes: int, device: str) -> float:
+    """VMAS's own scripted policy for `task` (vmas.scenarios.<task>.HeuristicPolicy, each agent on its own
+    observation) by the same protocol: `episodes` worlds side by side, each to its first done, the reward summed and
+    averaged over agents, evaluation seed 10,000 + `seed`."""
+    import importlib
+
+    import torch
+
+    from phalanx.envs import make
+
+    heuristic = importlib.import_module(f"vmas.scenarios.{task}").HeuristicPolicy(continuous_action=True)
+    env = make(f"vmas:{task}", num_envs=episodes, device=device, seed=10_000 + seed)
+    rec = env.reset(seed=10_000 + seed)
+    high = torch.as_tensor(env.action_space.high, device=rec.obs.device)
+    total = torch.zeros(episodes, device=rec.obs.device)
+    playing = torch.ones(episodes, dtype=torch.bool, device=rec.obs.device)
+    while bool(playing.any()):
+        actions = torch.stack([heuristic.compute_action(rec.obs[:, j], u_range=float(high[0]))
+                               for j in range(env.num_agents)], dim=1)
+        rec = env.step(actions)
+        total += torch.where(playing, rec.reward.mean(-1), 0.0)
+        playing &= ~(rec.terminated | rec.truncated).any(-1)
+    return float(total.mean())
+
+
 def per_pass(run: dict) -> float:
     """Seconds of one batch's collection plus one optimisation pass over it (GAE shared out over the passes)."""
     return run["collect_seconds"] + run["update_seconds"] / run["passes"]
@@ -316,10 +341,20 @@ def main(argv: list[str] | None = None) -> int:
                    "(e.g. mappo_values=per_agent,torch_threads=1 for the settings before issue 30)")
     p.add_argument("--out", default="bench/results/vmas_vs_benchmarl")
     p.add_argument("--one", nargs=3, metavar=("LIBRARY", "TASK", "SEED"), help=argparse.SUPPRESS)
+    p.add_argument("--heuristic", metavar="TASK", help="score VMAS's own HeuristicPolicy for TASK (e.g. transport) "
+                   "by the same protocol on each of --seeds, and print the figures")
     p.add_argument("--score", nargs="+", type=Path, metavar="RUN", help="score Phalanx run directories' latest "
                    "checkpoints by the same protocol (e.g. runs at the full default budget) and write RUN/eval_benchmarl.json")
     args = p.parse_args(argv)
     out = Path(args.out)
+    if args.heuristic:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        for seed in (int(x) for x in args.seeds.split(",")):
+            print(json.dumps({"task": args.heuristic, "policy": "vmas HeuristicPolicy", "seed": seed, "episodes": args.eval_episodes,
+                              "return": run_heuristic(args.heuristic, seed, args.eval_episodes, args.device)}))
+        return 0
     if args.score:
         import torch
 
