@@ -33,3 +33,12 @@ def test_phalanx_threads_are_set_by_threads_not_a_second_flag(capsys):
         bench.main(["--phalanx-set", "torch_threads=1", "--out", "unused"])
     assert exit_.value.code == 2
     assert "give --threads" in capsys.readouterr().err
+
+
+def test_vmas_scripted_policy_is_scored_by_the_same_protocol_and_moves_the_package():
+    # The transport row's reference (issue 51): VMAS's HeuristicPolicy pushes the package, random play does not.
+    pytest.importorskip("vmas")
+    bench = _load()
+    heuristic = bench.run_heuristic("transport", 1, 16, "cpu")
+    random_play = bench.run_random("transport", 1, 16, "cpu")["return"]
+    assert heuristic > 1.0 > 0.1 > random_play
