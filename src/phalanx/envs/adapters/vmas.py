@@ -149,17 +149,11 @@ class VmasVecEnv(VecEnv):
     def _state(self, obs: torch.Tensor) -> torch.Tensor:
         return obs.reshape(self.num_envs, -1)
 
-    def _reset_every_world(self) -> None:
-        if self.independent_resets:
-            for i in range(self.num_envs):
-                self.vmas.reset_at(i, return_observations=False)
-        else:
-            self.vmas.reset(return_observations=False)
-
     def reset(self, seed: int | None = None) -> StepRecord:
         obs = self._obs(self.vmas.reset(seed=seed))
         if self.independent_resets:
-            self._reset_every_world()
+            for i in range(self.num_envs):
+                self.vmas.reset_at(i, return_observations=False)
             obs = self._obs(self._observe())
         n, a = self.num_envs, self.num_agents
         false = torch.zeros(n, a, dtype=torch.bool, device=self.device)
@@ -180,8 +174,8 @@ class VmasVecEnv(VecEnv):
         finished = done.nonzero().flatten()
         obs = final_obs
         if finished.numel():
-            if finished.numel() == n:
-                self._reset_every_world()
+            if finished.numel() == n and not self.independent_resets:
+                self.vmas.reset(return_observations=False)
             else:
                 for i in finished.tolist():
                     self.vmas.reset_at(i, return_observations=False)
