@@ -1,3 +1,4 @@
+import json
 import os
 
 import pytest
@@ -24,3 +25,20 @@ def one_torch_thread():
 @pytest.fixture
 def run_dir(tmp_path):
     return tmp_path / "run"
+
+
+@pytest.fixture
+def printed_config(capsys):
+    """`phalanx train --env ENV FLAGS --print-config` read back: {key: (value, the layer it came from)}."""
+    from phalanx.cli import main
+
+    def printed(env: str, *flags: str) -> dict:
+        assert main(["train", "--env", env, *flags, "--print-config"]) == 0
+        rows = {}
+        for line in capsys.readouterr().out.splitlines():
+            key, rest = line.split("=", 1)
+            value, source = rest.rsplit("  # ", 1)
+            rows[key.strip()] = (json.loads(value), source)
+        return rows
+
+    return printed

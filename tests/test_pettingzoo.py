@@ -362,15 +362,9 @@ def test_agents_with_different_numbers_of_actions_are_masked(tmp_path):
                  "--run-dir", str(tmp_path / "lstm")]) == 2
 
 
-def test_every_pz_env_starts_from_the_prefix_training_defaults_under_the_users(capsys):
+def test_every_pz_env_starts_from_the_prefix_training_defaults_under_the_users(printed_config):
     def resolved(*flags):
-        assert main(["train", "--env", "pz:mpe2.simple_spread_v3:parallel_env", *flags, "--print-config"]) == 0
-        rows = {}
-        for line in capsys.readouterr().out.splitlines():
-            key, rest = line.split("=", 1)
-            value, source = rest.rsplit("  # ", 1)
-            rows[key.strip()] = (json.loads(value), source)
-        return rows
+        return printed_config("pz:mpe2.simple_spread_v3:parallel_env", *flags)
 
     pytest.importorskip("mpe2")
     rows = resolved()

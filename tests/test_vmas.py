@@ -55,14 +55,12 @@ def test_dispersion_agents_start_alike_so_its_defaults_tell_them_apart():
     assert registry.train_defaults("vmas:navigation")["param_sharing"] == "shared"  # as measured against BenchMARL
 
 
-def test_passage_trains_with_narrow_action_noise_and_a_horizon_that_reaches_the_gap(capsys):
+def test_passage_trains_with_narrow_action_noise_and_a_horizon_that_reaches_the_gap(printed_config):
     # Unit action noise made the trained mean a policy for noisy neighbours (greedy it collided, -312 at 3M); gamma 0.9
     # sees about 10 steps of a detour that takes up to 65 (issue 51). Other tasks keep the shared table, flags still win.
     def resolved(env, *flags):
-        assert main(["train", "--env", env, *flags, "--print-config"]) == 0
-        rows = dict(line.split("=", 1) for line in capsys.readouterr().out.splitlines())
-        return {key.strip(): json.loads(rows[key].rsplit("  # ", 1)[0]) for key in rows if key.strip() in
-                ("init_log_std", "gamma", "gae_lambda", "total_steps")}
+        rows = printed_config(env, *flags)
+        return {key: rows[key][0] for key in ("init_log_std", "gamma", "gae_lambda", "total_steps")}
 
     assert resolved("vmas:passage") == {"init_log_std": -1.0, "gamma": 0.99, "gae_lambda": 0.95, "total_steps": 3_000_000}
     assert resolved("vmas:navigation") == {"init_log_std": 0.0, "gamma": 0.9, "gae_lambda": 0.9, "total_steps": 3_000_000}

@@ -150,11 +150,13 @@ class VmasVecEnv(VecEnv):
         return obs.reshape(self.num_envs, -1)
 
     def reset(self, seed: int | None = None) -> StepRecord:
-        obs = self._obs(self.vmas.reset(seed=seed))
-        if self.independent_resets:
+        if self.independent_resets:  # the batched call only seeds and sets up; each world then draws its own layout
+            self.vmas.reset(seed=seed, return_observations=False)
             for i in range(self.num_envs):
                 self.vmas.reset_at(i, return_observations=False)
             obs = self._obs(self._observe())
+        else:
+            obs = self._obs(self.vmas.reset(seed=seed))
         n, a = self.num_envs, self.num_agents
         false = torch.zeros(n, a, dtype=torch.bool, device=self.device)
         state = self._state(obs)
