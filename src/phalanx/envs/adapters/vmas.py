@@ -236,7 +236,12 @@ register_prefix("vmas", _make_vmas, train_defaults=_VMAS_TRAIN)
 # so one shared network without an agent id gives all of them the same deterministic action: they chase one food
 # together (greedy return 0.145 at 720k frames, below random play's 0.305; with the id 0.570, seed 1, issue 51).
 # transport pays nothing until its 50-mass package moves, and at 3M frames the greedy agents had not learned to go to
-# it (0.097, seed 1; VMAS's scripted policy 4.95): it trains for BenchMARL's 10M VMAS budget (0.58 [0.29, 0.86], seeds 1-2).
+# it (0.097, seed 1; VMAS's scripted policy 4.95): it trains for BenchMARL's 10M VMAS budget. The package moves only
+# under sustained full force and actions are clipped to [-1, 1]: action noise std e^1 puts 71% of draws at the limit
+# (std 1: 32%), and untrained agents' pushes move the package about twice as far (0.0066 against 0.0036 of reward
+# magnitude an episode, 600 worlds), the only signal it pays. Greedy, seeds 1-2: at BenchMARL's 720k frames 0.033 [0.028,
+# 0.039] against std 1's 0.0063 [0.0044, 0.0081] and BenchMARL's 0.029 [0.016, 0.043]; at 10M 3.29 [1.08, 5.49]
+# against std 1's 0.58 [0.29, 0.86].
 # passage's five agents stand 0.1 apart and cannot see each other: under the schema's unit action noise (std 1 on
 # actions in [-1, 1]) they collide in training wherever the mean field does not, so the mean training optimises is not
 # the greedy policy that is scored, and at gamma 0.9 (about 10 steps, 0.28 of the 2-wide world at top speed) a detour to
@@ -245,7 +250,7 @@ register_prefix("vmas", _make_vmas, train_defaults=_VMAS_TRAIN)
 # No agent crosses yet: they close in on their goals and stop short of the wall, out of each other's way.
 _VMAS_TASK_TRAIN: dict[str, dict[str, Any]] = {"dispersion": {"param_sharing": "shared_id"},
                                                 "passage": {"init_log_std": -1.0, "gamma": 0.99, "gae_lambda": 0.95},
-                                                "transport": {"total_steps": 10_020_000}}
+                                                "transport": {"total_steps": 10_020_000, "init_log_std": 1.0}}
 
 # BenchMARL's task settings (its conf/task/vmas/<task>.yaml, BenchMARL 1.5.2), so that `--env vmas:<task>` is the task
 # its tables report.
