@@ -82,7 +82,8 @@ def _transport_progress_under_noise(log_std: float, worlds: int = 200) -> float:
 def test_transport_explores_with_wide_action_noise_for_its_heavy_package(printed_config):
     # Unit noise on clipped actions left BenchMARL ahead at its 720k frames (0.006 against 0.029): a package 50 times
     # an agent's mass moves under full force, which noise e^1 gives in most draws, so its reward is seen (issue 51).
-    assert _transport_progress_under_noise(1.0) > 1.5 * _transport_progress_under_noise(0.0)
+    shipped = registry.train_defaults("vmas:transport")["init_log_std"]
+    assert _transport_progress_under_noise(shipped) > 1.5 * _transport_progress_under_noise(0.0)
     rows = printed_config("vmas:transport")
     assert (rows["init_log_std"][0], rows["total_steps"][0], rows["gamma"][0]) == (1.0, 10_020_000, 0.9)
     assert printed_config("vmas:wheel")["init_log_std"][0] == 0.0
