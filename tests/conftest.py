@@ -13,6 +13,8 @@ if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw") and hasattr(os, "s
     os.sched_setaffinity(0, {_cpus[int(os.environ["PYTEST_XDIST_WORKER"][2:]) % len(_cpus)]})
 os.environ.setdefault("MPLBACKEND", "Agg")
 
+from phalanx.cli import main  # noqa: E402  (after the backend is chosen above)
+
 
 @pytest.fixture(autouse=True)
 def one_torch_thread():
@@ -30,8 +32,6 @@ def run_dir(tmp_path):
 @pytest.fixture
 def printed_config(capsys):
     """`phalanx train --env ENV FLAGS --print-config` read back: {key: (value, the layer it came from)}."""
-    from phalanx.cli import main
-
     def printed(env: str, *flags: str) -> dict:
         assert main(["train", "--env", env, *flags, "--print-config"]) == 0
         rows = {}
