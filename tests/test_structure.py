@@ -257,7 +257,7 @@ def test_config_model_choices_are_the_registered_models():
 
 
 ENV_FOR = {"mlp": "cartpole", "lstm": "cartpole", "transformer": "cartpole", "strategy": "duel", "cnn": "pixel_goal",
-           "role_attention": "drone_swarm"}
+           "role_attention": "drone_swarm", "board": "connect_four"}
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))

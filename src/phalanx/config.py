@@ -93,6 +93,10 @@ class Config:
     cnn_channels: list = _f([32, 64, 64], "image policies: channels of the three conv layers (kernels 8, 4, 3; strides 4, 2, 1)")
     cnn_dense: int = _f(512, "image policies (model=cnn, or lstm / transformer on images): width of the dense layer "
                         "after the three conv layers", positive=True)
+    board_channels: int = _f(32, "model=board: filters of its 3 x 3 conv layers", positive=True)
+    board_blocks: int = _f(2, "model=board: residual blocks after the conv stem (two 3 x 3 convs each)", min=0)
+    mirror: bool = _f(False, "model=board: average the policy and value over the board and its left-right reflection "
+                      "(the env's mirror_actions), so that both are exactly symmetric")
     lstm_hidden: int = _f(128, "LSTM width (model=lstm)", positive=True)
     tf_width: int = _f(64, "transformer width (model=transformer; also the strategy encoder and role attention)", positive=True)
     tf_layers: int = _f(2, "transformer layers", positive=True)

@@ -29,4 +29,6 @@ CNN = ModelKind("cnn", "Nature-CNN encoder and dense layer for pixel observation
 ROLE_ATTENTION = ModelKind("role_attention", "attention over the other slots, pooled per role (heterogeneous teams)",
                            world_values=True, slot_actions=True)
 
-KINDS: dict[str, ModelKind] = {k.name: k for k in (MLP, LSTM, TRANSFORMER, STRATEGY, CNN, ROLE_ATTENTION)}
+BOARD = ModelKind("board", "residual conv net over a board's planes, optionally mirror-symmetric (board games)")
+
+KINDS: dict[str, ModelKind] = {k.name: k for k in (MLP, LSTM, TRANSFORMER, STRATEGY, CNN, ROLE_ATTENTION, BOARD)}

@@ -54,6 +54,10 @@ class Rollout:
         self.cfg, self.env, self.model, self.norms, self.learner = cfg, env, model, norms, learner
         self.gen, self.act_value, self.amp, self.timer = generator, act_value, amp, timer
         self.teammates, self.league = teammates, league
+        # Where other players fill some slots (league, teammates) and every slot is alike to the model, the learner
+        # acts in its own slots only: the others' actions, values and log-probs would be thrown away.
+        self.learner_cols = (learner.nonzero().squeeze(1) if act_value is not None and model.slot_agnostic
+                             and not model.centralized and not bool(learner.all()) else None)
         self.device = env.device
         self.N, self.A = env.num_envs, env.num_agents
         self.obs_dims = len(env.observation_space.shape)
@@ -111,6 +115,17 @@ class Rollout:
             else:
                 v = self.model.value(self.critic_in(obs_n, state))
         return self.denorm(v.float())
+
+    def learner_act_value(self, obs_n: torch.Tensor, rec: StepRecord) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The feed-forward learner's (action, log-prob, value) [N, A]: in its own slots (`learner_cols`), zero in the
+        others, which their players fill."""
+        cols, mask = self.learner_cols, rec.action_mask
+        if cols is None:
+            return self.act_value(obs_n, self.draws, False, self.critic_in(obs_n, rec.state), mask)
+        mine = obs_n.index_select(1, cols)
+        action, logp, value = self.act_value(mine, self.draws, False, mine, None if mask is None else mask.index_select(1, cols))
+        whole = lambda x: x.new_zeros((self.N, self.A, *x.shape[2:])).index_copy_(1, cols, x)  # noqa: E731
+        return whole(action), whole(logp), whole(value)
 
     def critic_in(self, obs_n: torch.Tensor, state: torch.Tensor | None) -> torch.Tensor:
         """What the feed-forward critic reads: the global state (MAPPO) or the observations."""
@@ -184,7 +199,7 @@ class Rollout:
             value = self.denorm(v_mem.float()) if model.memory_critic else self.value(obs_n, rec.state)
         else:
             with self.timer.phase("policy_forward"), self.amp():
-                action, logp, v = self.act_value(obs_n, self.draws, False, self.critic_in(obs_n, rec.state), rec.action_mask)
+                action, logp, v = self.learner_act_value(obs_n, rec)
             logp, value = logp.float(), self.denorm(v.float())
         if self.teammates is not None:
             with self.timer.phase("opponents"):

@@ -103,15 +103,17 @@ def is_outside_name(name: str) -> bool:
 Player = Policy | OutsidePlayer | str | None
 
 
-def play(player: Player, env: VecEnv, rec: StepRecord, draws: Source, reset: torch.Tensor | None, greedy: bool) -> torch.Tensor:
+def play(player: Player, env: VecEnv, rec: StepRecord, draws: Source, reset: torch.Tensor | None, greedy: bool,
+         rows: torch.Tensor | None = None) -> torch.Tensor:
     """Actions for every slot from a `Policy` (its memory reset where `reset` [N, A] marks an episode start),
-    a scripted name, or random play (None or "random")."""
+    a scripted name, or random play (None or "random"); `rows`: the copies whose actions are used, where known (a
+    scripted policy may compute only those, `VecEnv.scripted_actions`)."""
     if player is None or player == "random":
         return random_actions(env, draws, rec.action_mask)
     if isinstance(player, OutsidePlayer):
         return player.actions(env, rec, draws)
     if isinstance(player, str):
-        return env.scripted_actions(player, rec, draws)
+        return env.scripted_actions(player, rec, draws) if rows is None else env.scripted_actions_in(player, rec, draws, rows)
     return player.act(rec.obs, greedy=greedy, generator=draws, reset=reset, active=rec.active, mask=rec.action_mask)
 
 
@@ -181,7 +183,10 @@ class SlotPlan:
             elif isinstance(player, OutsidePlayer):  # asked only for the moves it makes
                 actions = fill_slots(actions, mine, player.actions(self.env, rec, draws, mine))
             else:
-                actions = fill_slots(actions, mine, play(player, self.env, rec, draws, reset, greedy))
+                # A scripted player computes the copies where it is to act alone, where selecting them is free.
+                rows = (mine & rec.active).any(-1).nonzero().squeeze(1) if rows_only and isinstance(player, str) \
+                    and mine.dim() == 2 else None
+                actions = fill_slots(actions, mine, play(player, self.env, rec, draws, reset, greedy, rows))
         return actions
 
     def _fill_columns(self, actions: torch.Tensor, mine: torch.Tensor, policy: Policy, rec: StepRecord, draws: Source,

@@ -114,6 +114,8 @@ class Trainer:
             # not compiled, where a step without the mask would be a second graph.
             every = not self.update_compiled and self.rollout.host_branches and self.rollout.every_step_active(trained)
             batch = self.buffer.ppo_batch(adv, ret, values, None if every else trained, self.update_slots)
+            if not every and self.rollout.host_branches and not self.update_compiled:
+                batch = batch.trained_rows()
             metrics = ppo_update(self.update_step, batch, self.hp, generator=self.gen,
                                  sync_mean=self.dist.mean if self.dist.enabled else None)
         self._last_batch = batch

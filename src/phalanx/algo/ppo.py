@@ -111,6 +111,18 @@ class PPOBatch:
             picked[name] = None if t is None else pick(t)
         return PPOBatch(obs, critic_obs, **picked)
 
+    def trained_rows(self) -> PPOBatch:
+        """The rows that hold a sample that trains (`mask`), the others dropped, and no mask where every sample left
+        trains: the update's minibatches then compute on what they learn from. A turn-based game's learner acts on
+        every other step, and a minibatch of its masked rows spent half its forward and backward on turns it sat out.
+        Reads the mask on the host (call it where that is free: the CPU); rows, not samples, so an agent axis stays
+        whole."""
+        if self.mask is None or self.frames is not None or self.rows is not None:
+            return self
+        keep = (self.mask > 0).reshape(len(self), -1).any(1).nonzero().squeeze(1)
+        part = self.index(keep)
+        return dataclasses.replace(part, mask=None) if bool((part.mask > 0).all()) else part
+
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(PPOBatch))
 # What a sample carries besides its observations (and the stored frames they index).

@@ -126,6 +126,10 @@ class VecEnv:
     # The env's own names for its slots where it has them (PettingZoo's agents), else None: a recording names
     # each slot's player by them (else by role and slot).
     agent_names: list[str] | None = None
+    # Where a left-right reflection of the observation (its second-last axis: a board's columns) is the same state
+    # of the game: the action each action becomes in the reflection (a permutation). None where none is.
+    # `model: board` with `mirror` makes its policy symmetric by it.
+    mirror_actions: tuple[int, ...] | None = None
 
     def reset(self, seed: int | None = None) -> StepRecord:
         raise NotImplementedError
@@ -177,6 +181,12 @@ class VecEnv:
         step can replay their draws.
         """
         raise KeyError(f"env '{self.name}' has no scripted policy '{name}'")
+
+    def scripted_actions_in(self, name: str, record: StepRecord, draws: Source, rows: torch.Tensor) -> torch.Tensor:
+        """`scripted_actions` where only the copies `rows` ([R] long) will be used (a caller that knows them: an eager
+        CPU step, where selecting rows costs nothing). An env whose scripted policy is costly (a search) computes
+        those alone and returns anything in the others; by default every copy is computed."""
+        return self.scripted_actions(name, record, draws)
 
     def turn_observations(self) -> list[tuple[int, Any]] | None:
         """Per copy, the slot to move and its observation in the game's own form (a turn-based PettingZoo env's

@@ -65,7 +65,7 @@ class SwappedSides(VecEnv):
         self.env = env
         for attr in ("name", "num_envs", "num_agents", "device", "observation_space", "action_space", "state_space",
                      "role_names", "roles", "success_key", "scripted_names", "capturable", "rng", "restorable", "renders",
-                     "frame_stack", "action_masks", "turn_based", "agent_names"):
+                     "frame_stack", "action_masks", "turn_based", "agent_names", "mirror_actions"):
             setattr(self, attr, getattr(env, attr))
         N, A = env.num_envs, env.num_agents
         # Slot k of the learner's layout is the env's slot other[k] in a swapped copy (an involution).
@@ -117,6 +117,9 @@ class SwappedSides(VecEnv):
     def scripted_actions(self, name: str, record: StepRecord, draws: Source) -> torch.Tensor:
         """The env's scripted policy on its own record, its actions put in the learner's layout."""
         return self.order(self.env.scripted_actions(name, self.env_record or record, draws), self.swapped)
+
+    def scripted_actions_in(self, name: str, record: StepRecord, draws: Source, rows: torch.Tensor) -> torch.Tensor:
+        return self.order(self.env.scripted_actions_in(name, self.env_record or record, draws, rows), self.swapped)
 
     def turn_observations(self) -> list[tuple[int, Any]] | None:
         """As the env's (per copy, the slot to move and its observation as the game gave it), with the slot in the

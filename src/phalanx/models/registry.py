@@ -17,7 +17,8 @@ from phalanx.config import Config
 from phalanx.envs.base import VecEnv
 from phalanx.envs.spaces import Discrete
 from phalanx.errors import ConfigError
-from phalanx.model_kinds import CNN, KINDS, LSTM, MLP, ROLE_ATTENTION, STRATEGY, TRANSFORMER, ModelKind
+from phalanx.model_kinds import BOARD, CNN, KINDS, LSTM, MLP, ROLE_ATTENTION, STRATEGY, TRANSFORMER, ModelKind
+from phalanx.models.board import BoardActorCritic
 from phalanx.models.cnn import CNNActorCritic, CNNMemoryActorCritic
 from phalanx.models.memory import LSTMActorCritic, MemorySettings, TransformerActorCritic
 from phalanx.models.mlp import MLPActorCritic
@@ -202,9 +203,31 @@ def _build_strategy(cfg: Config, env: VecEnv) -> ActorCritic:
                                layers=cfg.tf_layers, heads=cfg.tf_heads, history=horizon, activation=cfg.activation)
 
 
+# -- board -----------------------------------------------------------------------------------------
+def _check_board(cfg: Config, env: VecEnv) -> None:
+    if not is_image_env(env):
+        raise ConfigError(f"config key 'model' is board but env '{cfg.env}' has flat observations "
+                          f"{tuple(env.observation_space.shape)}; it takes boards [rows, cols, planes]")
+    if cfg.critic == "mappo" or cfg.param_sharing == "per_role":
+        raise ConfigError("model=board uses a per-agent critic and shared parameters: set critic ippo, param_sharing "
+                          "shared or shared_id")
+    if cfg.norm_obs:
+        raise ConfigError("config key 'norm_obs' must be false with model=board (its planes are 0 / 1)")
+    if cfg.mirror and env.mirror_actions is None:
+        raise ConfigError(f"config key 'mirror' is true but env '{cfg.env}' declares no mirror_actions (no left-right "
+                          "symmetry); allowed for it: false")
+
+
+def _build_board(cfg: Config, env: VecEnv) -> ActorCritic:
+    return BoardActorCritic(tuple(env.observation_space.shape), env.action_space, channels=cfg.board_channels,
+                            blocks=cfg.board_blocks, num_agents=env.num_agents, agent_id=cfg.param_sharing == "shared_id",
+                            mirror_actions=env.mirror_actions if cfg.mirror else None, init_log_std=cfg.init_log_std)
+
+
 register_model(ModelSpec(MLP, _build_mlp, _no_check))
 register_model(ModelSpec(LSTM, _build_lstm, _check_memory))
 register_model(ModelSpec(TRANSFORMER, _build_transformer, _check_memory))
 register_model(ModelSpec(STRATEGY, _build_strategy, _check_memory))
 register_model(ModelSpec(CNN, _build_cnn, _check_image))
 register_model(ModelSpec(ROLE_ATTENTION, _build_role_attention, _check_role_attention))
+register_model(ModelSpec(BOARD, _build_board, _check_board))

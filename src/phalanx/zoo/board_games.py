@@ -29,11 +29,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from phalanx.draws import Source
 from phalanx.envs import draw
 from phalanx.envs.base import StepRecord, VecEnv
 from phalanx.envs.registry import EnvOption, EnvSpec, register
 from phalanx.envs.spaces import Box, Discrete
 from phalanx.errors import ConfigError
+from phalanx.zoo.line_search import LineSearch
 
 
 def lines(rows: int, cols: int, k: int) -> list[tuple[int, ...]]:
@@ -59,6 +61,8 @@ class LineGameEnv(VecEnv):
     action_masks = True
     turn_based = True
     renders = True
+    # The searches of zoo/line_search.py, d plies deep (`tactics_d`): league members and sparring partners.
+    scripted_names = ("tactics_1", "tactics_2", "tactics_3", "tactics_4", "random")
     rows: int
     cols: int
     k: int
@@ -77,11 +81,19 @@ class LineGameEnv(VecEnv):
         self.action_space = Discrete(self.cols if self.gravity else self.rows * self.cols)
         self._seed_generator(seed)
         self.lines = torch.tensor(lines(self.rows, self.cols, self.k), device=self.device)
+        self.search = LineSearch(self.rows, self.cols, self.k, self.gravity, self.device)
         # board[n, cell]: 0 empty, 1 slot 0's piece, 2 slot 1's; turn[n]: the slot to move.
         self.board = torch.zeros(num_envs, self.rows * self.cols, dtype=torch.long, device=self.device)
         self.turn = torch.zeros(num_envs, dtype=torch.long, device=self.device)
         # The board each game ended on (`ended_frame`: a recording's last frame; the env resets it in the same step).
         self.final_board = self.board
+
+    @property
+    def mirror_actions(self) -> tuple[int, ...]:
+        """Columns (connect four) or cells (tic-tac-toe) reflected left to right: the same game."""
+        if self.gravity:
+            return tuple(range(self.cols - 1, -1, -1))
+        return tuple(r * self.cols + self.cols - 1 - c for r in range(self.rows) for c in range(self.cols))
 
     @classmethod
     def most_opening_plies(cls) -> int:
@@ -172,6 +184,24 @@ class LineGameEnv(VecEnv):
             self._open(ended)
         obs = torch.where(ended[:, None, None, None, None], self._observe(self.board), final_obs)
         return self._record(obs, final_obs, reward, ended, {"win": win, "draw": draw, "illegal_moves": illegal.float()})
+
+    def scripted_actions(self, name: str, record: StepRecord, draws: Source) -> torch.Tensor:
+        """[N, 2]: `tactics_d`'s move for the slot to move (zoo/line_search.py), any move for the one that waits."""
+        return self.scripted_actions_in(name, record, draws, None)
+
+    def scripted_actions_in(self, name: str, record: StepRecord, draws: Source, rows: torch.Tensor | None) -> torch.Tensor:
+        """`scripted_actions` searched in the copies `rows` alone (None: all), 0 in the others."""
+        if name == "random":
+            return self.action_space.sample(self.num_envs, 2, draws, self.device, mask=self._mask())
+        if name not in self.scripted_names:
+            raise KeyError(f"env '{self.name}' has no scripted policy '{name}'; known: {', '.join(self.scripted_names)}")
+        depth = int(name.rpartition("_")[2])
+        if rows is None:
+            move = self.search.choose(self.board, self.turn + 1, depth, draws)
+        else:
+            move = torch.zeros(self.num_envs, dtype=torch.long, device=self.device)
+            move[rows] = self.search.choose(self.board[rows], self.turn[rows] + 1, depth, draws)
+        return torch.nn.functional.one_hot(self.turn, 2) * move.unsqueeze(1)
 
     def turn_observations(self) -> list[tuple[int, Any]]:
         """Per copy, the slot to move and its observation as PettingZoo gives it (int8 arrays)."""

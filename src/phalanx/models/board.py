@@ -1,0 +1,139 @@
+"""A residual convolutional actor-critic for board games: the board is an image of a few planes, and a move's worth
+depends on the patterns around it (a line of k takes a k-wide view), which shared 3 x 3 filters see wherever they
+lie on the board and a flat MLP must learn again at every cell.
+
+Observations are boards [..., A, H, W, P] as the board games give them (P planes, channels last: the slot's own
+pieces, the other's; values 0 / 1). A plane of ones is added so that the zero padding at the edges differs from an
+empty cell, then: a 3 x 3 conv stem and `blocks` residual blocks of `channels` filters (as AlphaZero's, without
+batch norm: a PPO minibatch is no fixed distribution), a policy head (1 x 1 conv to 2 planes, then a linear layer
+to the actions) and a value head (1 x 1 conv to 1 plane, a hidden layer, one value).
+
+`mirror_actions` (the env's `VecEnv.mirror_actions`: where each action goes when the board is reflected left to
+right) makes the policy and value exactly symmetric: the net runs on the board and on its reflection, and the
+reflection's action preferences are mapped back and averaged with the board's. A board and its mirror image are
+the same position of the game, so the policy learns from each game as from two.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from phalanx.draws import Source
+from phalanx.envs.spaces import Space
+from phalanx.models.layers import layer_init
+from phalanx.models.mlp import ActionHead
+from phalanx.models.state import NoMemory
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv1 = layer_init(nn.Conv2d(channels, channels, 3, padding=1))
+        self.conv2 = layer_init(nn.Conv2d(channels, channels, 3, padding=1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(x + self.conv2(F.relu(self.conv1(x))))
+
+
+class BoardActorCritic(nn.Module):
+    """Feed-forward actor-critic over boards [..., A, H, W, P] (see the module docstring); shared parameters for
+    every slot (`agent_id` appends a one-hot of the slot to both heads' inputs), a per-agent critic."""
+
+    obs_is_image = True  # boards of 0 / 1 stay uint8 in the rollout buffer
+    recurrent = False
+    memory_critic = False
+    centralized = False
+
+    def __init__(
+        self,
+        obs_shape: tuple[int, int, int],
+        action_space: Space,
+        channels: int = 32,
+        blocks: int = 2,
+        value_hidden: int = 64,
+        num_agents: int = 1,
+        agent_id: bool = False,
+        mirror_actions: tuple[int, ...] | None = None,
+        init_log_std: float = 0.0,
+    ):
+        super().__init__()
+        if len(obs_shape) != 3:
+            raise ValueError(f"obs_shape must be a board (H, W, planes), got {tuple(obs_shape)}")
+        self.obs_shape = tuple(int(d) for d in obs_shape)
+        H, W, P = self.obs_shape
+        self.num_agents, self.agent_id = num_agents, agent_id
+        self.slot_agnostic = not agent_id
+        self.register_buffer("agent_eye", torch.eye(num_agents))
+        self.head = ActionHead(action_space, init_log_std)
+        n = self.head.out_dim
+        if mirror_actions is not None and sorted(mirror_actions) != list(range(n)):
+            raise ValueError(f"mirror_actions must be a permutation of the {n} actions, got {mirror_actions}")
+        self.register_buffer("mirror", None if mirror_actions is None else torch.tensor(mirror_actions))
+        self.stem = layer_init(nn.Conv2d(P + 1, channels, 3, padding=1))
+        self.blocks = nn.Sequential(*(ResidualBlock(channels) for _ in range(blocks)))
+        ids = num_agents if agent_id else 0
+        self.policy_conv = layer_init(nn.Conv2d(channels, 2, 1))
+        self.actor = layer_init(nn.Linear(2 * H * W + ids, n), gain=0.01)
+        self.value_conv = layer_init(nn.Conv2d(channels, 1, 1))
+        self.value_hidden = layer_init(nn.Linear(H * W + ids, value_hidden))
+        self.critic = layer_init(nn.Linear(value_hidden, 1), gain=1.0)
+
+    def _heads(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Boards [*B, A, H, W, P] -> (actor output [*B, A, n], value [*B, A]) of the net alone (no mirror)."""
+        if tuple(obs.shape[-3:]) != self.obs_shape:
+            raise ValueError(f"expected boards [..., {', '.join(map(str, self.obs_shape))}], got {tuple(obs.shape)}")
+        lead = obs.shape[:-3]
+        x = obs.reshape(-1, *self.obs_shape).to(self.stem.weight.dtype).permute(0, 3, 1, 2)
+        x = torch.cat([x, torch.ones_like(x[:, :1])], 1)
+        x = self.blocks(F.relu(self.stem(x)))
+        p = F.relu(self.policy_conv(x)).flatten(1)
+        v = F.relu(self.value_conv(x)).flatten(1)
+        if self.agent_id:
+            eye = self.agent_eye.expand(*lead, self.num_agents).reshape(-1, self.num_agents)
+            p, v = torch.cat([p, eye], 1), torch.cat([v, eye], 1)
+        out = self.actor(p)
+        value = self.critic(F.relu(self.value_hidden(v))).squeeze(-1)
+        return out.reshape(*lead, -1), value.reshape(lead)
+
+    def forward_both(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(actor output, value): with `mirror`, the mean of the board's and its reflection's, actions mapped back."""
+        if self.mirror is None:
+            return self._heads(obs)
+        out, value = self._heads(torch.stack([obs, obs.flip(-2)]))
+        return (out[0] + out[1][..., self.mirror]) / 2, (value[0] + value[1]) / 2
+
+    def value(self, critic_in: torch.Tensor) -> torch.Tensor:
+        """V per agent [..., A] from boards [..., A, H, W, P]."""
+        return self.forward_both(critic_in)[1]
+
+    def initial_state(self, batch_size: int, device: torch.device | str | None = None) -> NoMemory:
+        """A feed-forward model's memory: none (models/state.py)."""
+        return NoMemory()
+
+    def act(self, obs: torch.Tensor, generator: Source = None, greedy: bool = False,
+            mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.forward_both(obs)[0]
+        action = self.head.sample(out, generator, greedy, mask)
+        return action, self.head.log_prob(out, action, mask)
+
+    def act_value(self, obs: torch.Tensor, generator: Source = None, greedy: bool = False,
+                  critic_in: torch.Tensor | None = None,
+                  mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`act` and `value` of one forward (the critic reads the same boards): -> (action, log-prob, value)."""
+        out, value = self.forward_both(obs)
+        action = self.head.sample(out, generator, greedy, mask)
+        return action, self.head.log_prob(out, action, mask), value
+
+    def evaluate(self, obs: torch.Tensor, actions: torch.Tensor,
+                 mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.head.log_prob_entropy(self.forward_both(obs)[0], actions, mask)
+
+    def evaluate_value(self, obs: torch.Tensor, actions: torch.Tensor, critic_in: torch.Tensor | None = None,
+                       mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        out, value = self.forward_both(obs)
+        return *self.head.log_prob_entropy(out, actions, mask), value
+
+
+__all__ = ["BoardActorCritic", "ResidualBlock"]

@@ -1,0 +1,83 @@
+"""The board games' batched search players (`tactics_d`, zoo/line_search.py): the wins and losses they see agree with
+the bench's independently written alpha-beta search, and they play as their depth says."""
+
+import pytest
+import torch
+
+from bench.games import connect_four as bench_c4
+from phalanx.draws import Draws
+from phalanx.envs import make
+from phalanx.slots import random_actions
+
+WIN_FLOOR = bench_c4.WIN - 10  # the bench scores a win found at ply p as WIN - p, positions by a heuristic far below
+
+
+def random_positions(name: str, n: int, plies: int, seed: int = 0):
+    """The env after `plies` random moves in each of `n` copies (games that ended start again)."""
+    env = make(name, num_envs=n, seed=seed)
+    draws = Draws(torch.Generator().manual_seed(seed))
+    rec = env.reset(seed=seed)
+    for _ in range(plies):
+        rec = env.step(random_actions(env, draws, rec.action_mask))
+    return env, rec, draws
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_connect_four_wins_and_losses_agree_with_the_bench_search(depth):
+    env, rec, _ = random_positions("connect_four", 300, 14, seed=depth)
+    values = env.search.values(*env.search.bitboards(env.board, env.turn + 1), depth)
+    turns = env.turn_observations()
+    checked = 0
+    for i, (slot, obs) in enumerate(turns):
+        theirs = bench_c4.move_values(obs, depth)
+        for col in range(7):
+            if col not in theirs:
+                assert values[i, col] == -torch.inf
+                continue
+            bench_win, bench_loss = theirs[col] >= WIN_FLOOR, theirs[col] <= -WIN_FLOOR
+            assert bool(values[i, col] > 0.5) == bench_win, (i, col, theirs, values[i].tolist())
+            assert bool(values[i, col] < -0.5) == bench_loss, (i, col, theirs, values[i].tolist())
+            if bench_win or bench_loss:  # the same number of plies: the bench's WIN - p, ours 1 - 0.01 (p - 1)
+                plies = bench_c4.WIN - abs(theirs[col])
+                assert abs(abs(float(values[i, col])) - (1 - 0.01 * (plies - 1))) < 1e-5
+                checked += 1
+    assert checked > 50  # the positions hold wins and losses to compare, not only quiet moves
+
+
+def test_tactics_take_a_win_and_block_one():
+    env = make("connect_four", num_envs=2, seed=0)
+    env.reset(seed=0)
+    # Copy 0: slot 0 to move with three in the bottom row (columns 0-2): column 3 wins. Copy 1: slot 0 to move,
+    # slot 1 has three in column 6: only column 6 stops it.
+    board = torch.zeros(2, 42, dtype=torch.long)
+    board[0, [35, 36, 37]] = 1
+    board[0, [28, 29, 30]] = 2
+    board[1, [41, 34, 27]] = 2
+    board[1, [35, 36, 28]] = 1
+    env.board, env.turn = board, torch.zeros(2, dtype=torch.long)
+    draws = Draws(torch.Generator().manual_seed(0))
+    for _ in range(20):
+        moves = env.scripted_actions("tactics_2", None, draws)
+        assert moves[:, 0].tolist() == [3, 6]
+        assert env.scripted_actions("tactics_1", None, draws)[0, 0] == 3
+
+
+@pytest.mark.parametrize("name", ["tictactoe", "connect_four"])
+def test_deeper_searches_beat_shallower_ones_and_random_play(name):
+    """tactics_2 against random play, and tactics_3 against tactics_1, 400 games each, half of them from each seat:
+    the deeper side scores above 0.8 (wins plus half the draws)."""
+    for strong, weak in (("tactics_2", "random"), ("tactics_3", "tactics_1")):
+        env = make(name, num_envs=400, seed=1)
+        draws = Draws(torch.Generator().manual_seed(1))
+        rec = env.reset(seed=1)
+        strong_slot = torch.arange(400) % 2  # copy i: the strong player is slot i % 2
+        score = torch.full((400,), -1.0)
+        while bool((score < 0).any()):
+            a = env.scripted_actions(strong, rec, draws)
+            b = env.scripted_actions(weak, rec, draws) if weak != "random" else random_actions(env, draws, rec.action_mask)
+            actions = torch.where(torch.nn.functional.one_hot(strong_slot, 2).bool(), a, b)
+            rec = env.step(actions)
+            ended = rec.terminated[:, 0] & (score < 0)
+            won = rec.info["win"][torch.arange(400), strong_slot]
+            score = torch.where(ended, won + 0.5 * rec.info["draw"][:, 0], score)
+        assert float(score.mean()) > 0.8, (name, strong, weak, float(score.mean()))
