@@ -6,6 +6,7 @@ never by calling the function under test.
 
 from __future__ import annotations
 
+import dataclasses
 import copy
 import math
 import subprocess
@@ -1059,3 +1060,29 @@ def test_trial_ends_without_a_trial_bootstrap_rule_are_refused():
     with pytest.raises(ValueError, match="trial_bootstrap"):
         pending_bootstrap(~no, no, no, torch.ones(2, dtype=torch.bool), trial_end=no)
     compute_gae(z, z, z, no, no, 0.99, 0.95)  # without trial ends the rule does not matter
+
+
+def test_trained_rows_drop_the_untrained_and_leave_the_losses_as_they_were():
+    """A turn-based learner's batch is half turns it sat out: `PPOBatch.trained_rows` keeps only the rows that train,
+    in order, and the losses of what is left, unmasked, are the masked losses of the whole batch."""
+    g = GOLD
+    mask = [1, 0, 1, 1, 0, 1]
+    full = PPOBatch(torch.arange(6, dtype=F64).unsqueeze(1), torch.arange(6, dtype=F64).unsqueeze(1),
+                    torch.arange(6), t64(g["oldlp"]), t64(g["adv"]), t64(g["ret"]), t64(g["oldv"]), t64(mask))
+    part = full.trained_rows()
+    kept = [i for i, m in enumerate(mask) if m]
+    assert part.mask is None and part.actions.tolist() == kept and part.obs[:, 0].tolist() == kept
+    assert part.critic_obs[:, 0].tolist() == kept
+    for norm_adv in (False, True):
+        whole, m_whole = losses(t64(g["newlp"]), t64(g["ent"]), t64(g["newv"]), full, 0.2, 0.5, 0.01, norm_adv=norm_adv)
+        index = torch.tensor(kept)
+        left, m_left = losses(t64(g["newlp"])[index], t64(g["ent"])[index], t64(g["newv"])[index], part, 0.2, 0.5, 0.01,
+                              norm_adv=norm_adv)
+        assert abs(whole.item() - left.item()) < 1e-12
+        for k in m_whole:
+            assert abs(m_whole[k].item() - m_left[k].item()) < 1e-12, k
+    # Rows with an agent axis: a row stays where any of its slots trains, and the mask stays for the others.
+    two = dataclasses.replace(full, mask=torch.tensor([[1, 0], [0, 0], [1, 1], [0, 1], [0, 0], [1, 1]], dtype=F64))
+    part = two.trained_rows()
+    assert part.actions.tolist() == [0, 2, 3, 5] and part.mask.tolist() == [[1, 0], [1, 1], [0, 1], [1, 1]]
+    assert full.trained_rows().trained_rows().actions.tolist() == kept  # nothing left to drop

@@ -118,13 +118,15 @@ def evaluate_policy(
     return out
 
 
-def evaluate_seats(policy: Player, env_name: str, opponent: Player, greedy: bool = True, **common: Any) -> dict[str, Any]:
+def evaluate_seats(policy: Player, env_name: str, opponent: Player, greedy: bool = True, opponent_greedy: bool = True,
+                   **common: Any) -> dict[str, Any]:
     """`policy` against `opponent` in a two-player game from each seat, `common` (evaluate_policy's keywords) the
     same: "first" with the policy in the first slots, "second" with the opponent there; each with the policy's wins,
-    draws, losses, win rate and its 95% Wilson interval. An `OutsidePlayer`'s moves and illegal moves (not played)
-    are added up over both."""
-    first = evaluate_policy(policy, env_name, greedy=greedy, opponent=opponent, **common)
-    seat_two = evaluate_policy(None if opponent == "random" else opponent, env_name, greedy=greedy,
+    draws, losses, win rate and its 95% Wilson interval. A trained opponent acts greedily in both seats where
+    `opponent_greedy`, else samples in both. An `OutsidePlayer`'s moves and illegal moves (not played) are added up
+    over both."""
+    first = evaluate_policy(policy, env_name, greedy=greedy, opponent=opponent, opponent_greedy=opponent_greedy, **common)
+    seat_two = evaluate_policy(None if opponent == "random" else opponent, env_name, greedy=opponent_greedy,
                                opponent="random" if policy is None else policy, opponent_greedy=greedy, **common)
     games = seat_two["episodes"]
     second = {"episodes": games, "wins": seat_two["losses"], "draws": seat_two["draws"], "losses": seat_two["wins"]}

@@ -34,6 +34,9 @@ class Policy:
         self.observation_space = observation_space
         self.action_space = action_space
         self.memory = None  # memory policies: the LSTM state / KV cache of the slots being played
+        # Where set, how it always acts, whatever a caller asks: a league's frozen opponent named greedy:RUN plays
+        # greedily, as `phalanx eval` plays it (exploitability is measured against the policy as it is evaluated).
+        self.fixed_greedy: bool | None = None
 
     @property
     def recurrent(self) -> bool:
@@ -74,6 +77,7 @@ class Policy:
         """
         if not torch.is_tensor(obs):
             obs = torch.as_tensor(obs)
+        greedy = greedy if self.fixed_greedy is None else self.fixed_greedy
         x = self.preprocess(obs)
         mask = None if mask is None else torch.as_tensor(mask, dtype=torch.bool).to(self.device)
         if not self.recurrent:

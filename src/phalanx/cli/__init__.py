@@ -27,10 +27,12 @@ from typing import Any
 from phalanx import devices
 from phalanx.cli.options import typed_env_options
 from phalanx.cli.outputs import cmd_compare, cmd_envs, cmd_export, cmd_plot, cmd_sweep
-from phalanx.cli.play import cmd_eval, cmd_league
+from phalanx.cli.play import cmd_eval, cmd_exploit, cmd_league
 from phalanx.cli.training import cmd_check_env, cmd_train
 from phalanx.config import describe_keys, effective_defaults
 from phalanx.errors import PhalanxError, Stopped, storage_reason
+from phalanx.exploit import DEFAULT_EPISODES as EXPLOIT_EPISODES
+from phalanx.exploit import DEFAULT_STEPS as EXPLOIT_STEPS
 from phalanx.export import DEFAULT_OPSET
 from phalanx.package import DEFAULT_EPISODES, DEFAULT_SEED
 
@@ -121,6 +123,21 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     _compute_flags(pe)
     pe.add_argument("--record", metavar="FILE", help="also write one episode as an animation (.gif, or .mp4 with imageio-ffmpeg); a turn-based "
                     "game's frames are captioned with whose turn it is and its moves go to FILE's stem + .moves.tsv")
+    pxp = sub.add_parser("exploit", help="how much a best response wins against a two-sided run's policy",
+                         description="Train a fresh best response against the run's policy, frozen and greedy (as eval "
+                                     "plays it), from both seats of a turn-based game, and score it over its training and "
+                                     "at the end; --exact walks every game against any opponent instead (small games).")
+    pxp.add_argument("run_dir", help="the run whose policy is exploited")
+    pxp.add_argument("--steps", type=int, default=EXPLOIT_STEPS, help=f"the best response's training steps [{EXPLOIT_STEPS:,}]")
+    pxp.add_argument("--episodes", type=int, default=EXPLOIT_EPISODES,
+                     help=f"greedy games a seat that score the trained best response [{EXPLOIT_EPISODES}]")
+    pxp.add_argument("--seed", type=int, default=1, help="seed of the best response's training and its games [1]")
+    pxp.add_argument("--out", metavar="DIR", help="the best response's run directory [RUN_DIR/exploit-sSEED]")
+    pxp.add_argument("--overwrite", action="store_true", help="replace an earlier best response in --out")
+    pxp.add_argument("--exact", action="store_true", help="no training: walk every game the greedy policy can meet "
+                     "against any opponent, from each seat, and count them by outcome (tic-tac-toe)")
+    pxp.add_argument("--json", action="store_true", help="print one JSON object")
+    _compute_flags(pxp)
     pl = sub.add_parser("league", help="print a self-play run's rating table")
     pl.add_argument("run_dir", help="a run trained with --opponents")
     pl.add_argument("--json", action="store_true", help="print one JSON object")
@@ -222,6 +239,8 @@ def _run_command(argv: list[str]) -> int:
             return cmd_eval(args, extra)
         if args.command == "league":
             return cmd_league(args)
+        if args.command == "exploit":
+            return cmd_exploit(args)
         if args.command == "plot":
             return cmd_plot(args)
         if args.command == "envs":

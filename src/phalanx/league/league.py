@@ -12,6 +12,9 @@ episode ended. Mix entries (config key `opponents`, e.g. `self_play:8,based:1.5,
 - a scripted policy of the env (`phalanx envs` lists them), or `random` (uniform over the allowed actions).
 - a player written outside Phalanx, `module:callable` (as `phalanx eval --vs` takes it; turn-based PettingZoo
   envs), e.g. `self_play:8,bench.games.tictactoe:act:1`.
+- a trained run's policy, frozen: `run:RUN_DIR` samples its actions (as snapshots do), `greedy:RUN_DIR` plays
+  greedily (as `phalanx eval` plays it: what `phalanx exploit` trains a best response against), e.g.
+  `greedy:runs/c4:1`. The run must be of the same env.
 
 Seats: where the env's sides swap (seats.py: the learner plays first in half of its games and second in the
 others), games are counted and the learner rated per seat too (`learner@first`, `learner@second`).
@@ -32,11 +35,11 @@ import torch
 
 from phalanx.checkpoint import read_tensors, section, write_tensors_atomic
 from phalanx.draws import Source, uniform
-from phalanx.errors import CheckpointError, ConfigError
+from phalanx.errors import CheckpointError, ConfigError, PhalanxError
 from phalanx.league.ratings import DRAW, LEARNER, LOSS, WIN, Ratings
 from phalanx.league.sampling import Candidate, pool_sampling
 from phalanx.league.seats import SEAT_KEY, SEAT_NAMES
-from phalanx.policy import Policy, frozen_copy, load_frozen
+from phalanx.policy import Policy, frozen_copy, load, load_frozen
 from phalanx.slots import LEARNER_SLOT, OutsidePlayer, SlotPlan, is_outside_name, opponent_slots, outside_player
 
 SELF_PLAY = "self_play"
@@ -45,9 +48,26 @@ SNAPSHOT_DIR = "league/snapshots"
 LEAGUE_FILE = "league/league.json"
 
 
+FROZEN_PREFIXES = ("run:", "greedy:")  # a trained run's policy: sampled, or greedy
+
+
+def _frozen_name_weight(part: str) -> tuple[str, str]:
+    """'greedy:runs/a:2' -> ('greedy:runs/a', '2'); a last field that is no number belongs to the path."""
+    head, sep, tail = part.rpartition(":")
+    try:
+        float(tail)
+    except ValueError:
+        return part, ""
+    return (head, tail) if head not in FROZEN_PREFIXES and head + sep not in FROZEN_PREFIXES else (part, "")
+
+
+def is_frozen_name(name: str) -> bool:
+    return name.startswith(FROZEN_PREFIXES)
+
+
 def parse_mix(text: str, scripted: tuple[str, ...]) -> list[tuple[str, float]]:
-    """'self_play:8,based:1.5,mypkg.bots:act:2' -> [(name, weight)]; a name with a ':' is an outside player
-    (`is_outside_name`). Errors name the config key and allowed values."""
+    """'self_play:8,based:1.5,mypkg.bots:act:2,greedy:runs/a:1' -> [(name, weight)]; a name with a ':' is an outside
+    player (`is_outside_name`) or a frozen run (`FROZEN_PREFIXES`). Errors name the config key and allowed values."""
     allowed = (SELF_PLAY, LEARNER, *scripted, *(() if RANDOM in scripted else (RANDOM,)))
     out: list[tuple[str, float]] = []
     for part in [p.strip() for p in text.split(",") if p.strip()]:
@@ -55,7 +75,11 @@ def parse_mix(text: str, scripted: tuple[str, ...]) -> list[tuple[str, float]]:
         # 'self_play:8' or an outside player's 'mypkg.bots:act:2' (its attr an identifier, never a weight).
         head = 2 if len(fields) > 1 and fields[0] not in allowed and fields[1].isidentifier() else 1
         name, w = ":".join(fields[:head]), ":".join(fields[head:])
-        if name not in allowed and not is_outside_name(name):
+        if is_frozen_name(part):
+            name, w = _frozen_name_weight(part)
+            if name in FROZEN_PREFIXES or name + ":" in FROZEN_PREFIXES:
+                raise ConfigError(f"config key 'opponents': '{part}' names no run directory (run:RUN_DIR or greedy:RUN_DIR)")
+        elif name not in allowed and not is_outside_name(name):
             raise ConfigError(f"config key 'opponents' has unknown opponent '{name}'; allowed: {', '.join(allowed)}, "
                               "or a callable as module:attr")
         try:
@@ -73,7 +97,7 @@ def parse_mix(text: str, scripted: tuple[str, ...]) -> list[tuple[str, float]]:
 @dataclasses.dataclass
 class Opponent:
     name: str
-    kind: str  # "scripted" (the env's, or an outside player) | "learner" | "snapshot"
+    kind: str  # "scripted" (the env's, or an outside player) | "learner" | "snapshot" | "frozen" (a trained run's)
     policy: Policy | None = None  # the learner's copy with its own memory / a bank slot's frozen policy
     step: int = 0
     pinned: bool = False
@@ -157,7 +181,7 @@ class League:
         self.ratings = Ratings()
         self.learner_as_opponent = copy.copy(learner_policy)  # same weights, its own memory
         self.players: list[Opponent | None] = [
-            Opponent(n, "scripted", outside=self._outside(n) if is_outside_name(n) else None)
+            self._frozen(n) if is_frozen_name(n) else Opponent(n, "scripted", outside=self._outside(n) if is_outside_name(n) else None)
             for n in self.mix if n not in (SELF_PLAY, LEARNER)]
         for o in self.players:
             self.ratings.ensure(o.name)
@@ -189,6 +213,20 @@ class League:
             raise ConfigError(f"config key 'opponents': {name}: {player.unfit(self.env)}")
         return player
 
+    def _frozen(self, name: str) -> Opponent:
+        """A trained run's policy as a fixed opponent (`run:` sampled, `greedy:` greedy)."""
+        prefix, _, path = name.partition(":")
+        try:
+            policy = load(path, device=str(self.device))
+        except PhalanxError as e:
+            raise ConfigError(f"config key 'opponents': {name}: {e}") from None
+        if policy.config.env != self.cfg.env:
+            raise ConfigError(f"config key 'opponents': {name} was trained on env '{policy.config.env}', not "
+                              f"'{self.cfg.env}'; a frozen opponent must play the same env")
+        policy.model.requires_grad_(False)
+        policy.fixed_greedy = prefix == "greedy"
+        return Opponent(name, "frozen", policy)
+
     def _grow(self, slots: int) -> None:
         """`slots` more bank slots (frozen copies of the learner, free until a snapshot takes one)."""
         grown = [frozen_copy(self.learner_policy) for _ in range(slots)]
@@ -218,7 +256,7 @@ class League:
         tensors (a recorded CUDA graph reads them), and clear the game counts."""
         w = [0.0] * len(self.players)
         for i, o in enumerate(self.players):
-            if o is not None and o.kind == "scripted":
+            if o is not None and o.kind in ("scripted", "frozen"):
                 w[i] = self.mix[o.name]
             elif o is not None and o.kind == "learner":
                 w[i] = self.mix.get(LEARNER, 0.0)
