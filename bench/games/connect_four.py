@@ -4,7 +4,7 @@ apart from Phalanx and PettingZoo's game code.
 
     phalanx eval RUN --vs bench.games.connect_four:depth_4
 
-`player(depth)(observation)` (and `depth_1` ... `depth_4`) take PettingZoo's connect_four_v3 observation dict
+`player(depth)(observation)` (and `depth_1` ... `depth_6`) take PettingZoo's connect_four_v3 observation dict
 ({"observation": [6, 7, 2], row 0 at the top, the mover's pieces in plane 0, the opponent's in plane 1,
 "action_mask": [7]}) and return a column 0-6 that the mask allows. A win within `depth` plies is always found,
 the soonest first; ties go to the column nearest the centre, or at random where `seed` is given.
@@ -12,6 +12,7 @@ the soonest first; ties go to the column nearest the centre, or at random where 
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable
 from typing import Any
@@ -98,16 +99,20 @@ def _position(observation: dict[str, Any]) -> tuple[int, int, list[int]]:
 
 def move_values(observation: dict[str, Any], depth: int) -> dict[int, int]:
     """Each legal column's value for the player to move, searched `depth` plies deep (the move itself the first)."""
-    mine, theirs, legal = _position(observation)
-    values = {}
-    for c in ORDER:
-        if c in legal:
-            values[c] = -_negamax(theirs, mine | _drop(mine, theirs, c), depth - 1, -WIN - 1, WIN + 1, 1)
-    return values
+    mine, theirs, _ = _position(observation)
+    return dict(_values(mine, theirs, depth))
+
+
+@functools.lru_cache(maxsize=1 << 20)
+def _values(mine: int, theirs: int, depth: int) -> tuple[tuple[int, int], ...]:
+    """`move_values` of a position, kept: a greedy learner's games against a search repeat, and a 6-ply search in
+    pure Python takes a good part of a second a move."""
+    return tuple((c, -_negamax(theirs, mine | b, depth - 1, -WIN - 1, WIN + 1, 1))
+                 for c in ORDER if (b := _drop(mine, theirs, c)) is not None)
 
 
 def player(depth: int = 4, seed: int | None = None) -> Callable[[dict[str, Any]], int]:
-    """A player searching `depth` plies (1-4 in the bench); ties to the centre, or at random with a seed."""
+    """A player searching `depth` plies (1-6 in the bench); ties to the centre, or at random with a seed."""
     if depth < 1:
         raise ValueError(f"depth must be at least 1; got {depth}")
     rng = None if seed is None else random.Random(seed)
@@ -121,7 +126,7 @@ def player(depth: int = 4, seed: int | None = None) -> Callable[[dict[str, Any]]
     return act
 
 
-depth_1, depth_2, depth_3, depth_4 = (player(d) for d in (1, 2, 3, 4))
+depth_1, depth_2, depth_3, depth_4, depth_5, depth_6 = (player(d) for d in (1, 2, 3, 4, 5, 6))
 # The same searches with their ties broken at random (seeded by depth), for evaluations whose games should differ:
 # `phalanx eval RUN --vs bench.games.connect_four:varied_4`.
-varied_1, varied_2, varied_3, varied_4 = (player(d, seed=d) for d in (1, 2, 3, 4))
+varied_1, varied_2, varied_3, varied_4, varied_5, varied_6 = (player(d, seed=d) for d in (1, 2, 3, 4, 5, 6))

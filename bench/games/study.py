@@ -30,8 +30,7 @@ from bench.games.tictactoe import against_every_perfect_line
 from phalanx.policy import load
 
 TICTACTOE = ("bench.games.tictactoe:act", "bench.games.tictactoe:varied", "random")
-CONNECT_FOUR = ("bench.games.connect_four:varied_1", "bench.games.connect_four:varied_2",
-                "bench.games.connect_four:varied_3", "bench.games.connect_four:varied_4", "random")
+CONNECT_FOUR = tuple(f"bench.games.connect_four:varied_{d}" for d in range(1, 7)) + ("random",)
 TICTACTOE_NAMES = ("tictactoe", "pz:pettingzoo.classic.tictactoe_v3:env")
 PLAYERS = {"tictactoe": TICTACTOE, "pz:pettingzoo.classic.tictactoe_v3:env": TICTACTOE,
            "connect_four": CONNECT_FOUR, "pz:pettingzoo.classic.connect_four_v3:env": CONNECT_FOUR}

@@ -60,13 +60,19 @@ from phalanx_bench.workloads import (
 def bench_env(
     num_envs: int, seconds: float, device: torch.device, env_name: str = "cartpole", options: dict[str, Any] | None = None
 ) -> dict[str, float]:
-    """Uniform random actions stepping the env alone; rates count agent steps (num_envs x num_agents per call)."""
+    """Uniform random actions stepping the env alone, only moves its mask allows where it has one (a forfeited game
+    would be shorter than a played one); rates count agent steps (num_envs x num_agents per call: a two-player game's
+    moves per second are half of them)."""
     env = make(env_name, num_envs=num_envs, device=device, seed=0, **(options or {}))
     gen = torch.Generator(device=device)
     gen.manual_seed(0)
-    env.reset(seed=0)
+    last = [env.reset(seed=0)]
+
+    def step() -> None:
+        last[0] = env.step(random_actions(env, gen, last[0].action_mask))
+
     try:
-        return measure(lambda: env.step(random_actions(env, gen)), num_envs * env.num_agents, seconds, device, warmup=4)
+        return measure(step, num_envs * env.num_agents, seconds, device, warmup=4)
     finally:
         env.close()
 

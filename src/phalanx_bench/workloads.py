@@ -24,6 +24,8 @@ SUITE_NUM_ENVS = {
     "drone_swarm": [64, 256, 1024],
     "pixel_goal": [16, 64, 256],
     "duel": [64, 256, 1024],
+    "tictactoe": [256, 1024, 4096],
+    "connect_four": [256, 1024, 4096],
 }
 SUITE_FALLBACK_NUM_ENVS = [64, 256, 1024]
 PROFILE_NUM_ENVS = {"cartpole": 4096, "pendulum": 4096, "bucket_brigade": 4096, "pixel_goal": 64}

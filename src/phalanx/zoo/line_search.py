@@ -47,11 +47,13 @@ class LineSearch:
         # The shifts of a line: up a column, along a row, and the two diagonals.
         self.shifts = (1, self.height, self.height - 1, self.height + 1)
 
+    def pieces(self, board: torch.Tensor, mark: torch.Tensor) -> torch.Tensor:
+        """[M] int64: the bitboard of the pieces of `mark` [M] (1 or 2) on boards [M, cells]."""
+        return (board == mark.unsqueeze(1)).long() @ self.cell_bits
+
     def bitboards(self, board: torch.Tensor, mark: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(the mover's pieces, the other's) [M] int64 of boards [M, cells] whose mover plays `mark` [M] (1 or 2)."""
-        mine = (board == mark.unsqueeze(1)).long() @ self.cell_bits
-        theirs = ((board != 0) & (board != mark.unsqueeze(1))).long() @ self.cell_bits
-        return mine, theirs
+        return self.pieces(board, mark), self.pieces(board, 3 - mark)
 
     def won(self, pieces: torch.Tensor) -> torch.Tensor:
         """Whether `pieces` (int64 bitboards) hold k in a line."""
