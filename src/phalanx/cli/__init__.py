@@ -127,7 +127,10 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
                          description="Train a fresh best response against the run's policy, frozen and greedy (as eval "
                                      "plays it), from both seats of a turn-based game, and score it over its training and "
                                      "at the end; --exact walks every game against any opponent instead (small games).")
-    pxp.add_argument("run_dir", help="the run whose policy is exploited")
+    pxp.add_argument("run_dir", nargs="?", help="the run whose policy is exploited (or --env and --scripted)")
+    pxp.add_argument("--env", help="with --scripted: the env whose scripted policy is exploited")
+    pxp.add_argument("--scripted", metavar="NAME", help="exploit a scripted policy of --env instead of a run (a baseline's "
+                     "figure beside a trained policy's); needs --out")
     pxp.add_argument("--steps", type=int, default=EXPLOIT_STEPS, help=f"the best response's training steps [{EXPLOIT_STEPS:,}]")
     pxp.add_argument("--episodes", type=int, default=EXPLOIT_EPISODES,
                      help=f"greedy games a seat that score the trained best response [{EXPLOIT_EPISODES}]")

@@ -239,6 +239,8 @@ def cmd_exploit(args: argparse.Namespace) -> int:
     at_least_one("exploit", episodes=args.episodes, steps=args.steps)
     apply_compute_flags("exploit", args)
     if args.exact:
+        if args.run_dir is None:
+            raise PhalanxError("exploit --exact walks a run's policy: give RUN_DIR")
         policy = load(args.run_dir, device=args.device)
         options = registry.evaluation_options(policy.config.env, policy.config.env_options)
         table = {seat: every_line(policy, policy.config.env, i, options) for i, seat in enumerate(("first", "second"))}
@@ -252,13 +254,15 @@ def cmd_exploit(args: argparse.Namespace) -> int:
             print(f"{seat:<8}{c['lines']:>8}{c['wins']:>8}{c['draws']:>8}{c['losses']:>8}")
         return 0
     report = exploit(args.run_dir, out=args.out, steps=args.steps, seed=args.seed, episodes=args.episodes,
-                     device=args.device, torch_threads=args.torch_threads, overwrite=args.overwrite)
+                     device=args.device, torch_threads=args.torch_threads, overwrite=args.overwrite, env=args.env,
+                     scripted=args.scripted)
     draw_curve(report, Path(report["best_response"]) / "exploit.png")
     if args.json:
         print(json.dumps(report))
         return 0
-    print(f"{report['env']}: a best response trained {report['steps']:,} steps (seed {report['seed']}) against the greedy "
-          f"policy of {args.run_dir} (step {report['policy_step']:,})")
+    against = (f"the greedy policy of {args.run_dir} (step {report['policy_step']:,})" if args.run_dir is not None
+               else f"the scripted policy {args.scripted}")
+    print(f"{report['env']}: a best response trained {report['steps']:,} steps (seed {report['seed']}) against {against}")
     print(f"its score (wins + draws / 2), {report['episodes']} games a seat: {summary_line(report)}")
     print(f"report:  {Path(report['best_response']) / 'exploit.json'}  curve: {Path(report['best_response']) / 'exploit.png'}")
     return 0
