@@ -51,3 +51,54 @@ def test_the_board_model_is_refused_where_it_cannot_serve():
         build_model(resolve({"env": "cartpole", "model": "board"}), env)
     with pytest.raises(ConfigError, match="declares no mirror_actions"):
         build_model(resolve({"env": "pixel_goal", "model": "board", "mirror": True}), make("pixel_goal", num_envs=2))
+
+
+@pytest.mark.parametrize("name", ["connect_four", "tictactoe"])
+def test_afterstates_are_the_boards_the_env_steps_to(name):
+    """`afterstate_fn` from a mover's observation alone gives, for every legal move, the observation the env itself
+    gives the mover after that move (its final observation: a move that ends the game resets the board)."""
+    env, rec = boards(name, n=64, plies=0)
+    after_fn = env.afterstate_fn()
+    gen = torch.Generator().manual_seed(1)
+    rows = torch.arange(64)
+    checked = 0
+    for _ in range(9):
+        mover = env.turn.clone()
+        after = after_fn(rec.obs[rows, mover])
+        state = {k: v.clone() for k, v in env.step_state().items()}
+        for move in range(env.action_space.n):
+            legal = rec.action_mask[rows, mover, move]
+            twin = make(name, num_envs=64, seed=0)
+            twin.load_step_state({k: v.clone() for k, v in state.items()})
+            actions = torch.zeros(64, 2, dtype=torch.long)
+            actions[rows, mover] = move
+            seen = twin.step(actions).final_obs[rows, mover]
+            assert torch.equal(after[:, move][legal], seen[legal])
+            checked += int(legal.sum())
+        rec = env.step(random_actions(env, gen, rec.action_mask))
+    assert checked > 1000
+
+
+def test_lookahead_scores_each_move_by_the_board_it_makes():
+    """With lookahead the actor's output for a move is the score of its afterstate alone: two positions whose move 0
+    makes the same board give move 0 the same preference."""
+    env, rec = boards("connect_four", n=4, plies=0)
+    model = build_model(resolve({"env": "connect_four", "model": "board", "lookahead": True, "board_channels": 8}), env)
+    torch.manual_seed(0)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    a = torch.zeros(1, 1, 6, 7, 2)
+    b = a.clone()
+    a[0, 0, 5, 0, 0] = 1.0  # my piece at the bottom of column 0, and move 0 goes on top of it...
+    b[0, 0, 4, 0, 0] = 1.0  # ... the same two pieces, reached another way (not a legal position: only the score matters)
+    b[0, 0, 5, 0, 0] = 1.0
+    with torch.no_grad():
+        out_a, _ = model.forward_both(a)
+        after_b = env.afterstate_fn()(a[0])[:, 0]  # the board move 0 makes from a
+        assert torch.equal(after_b, b[0])
+        # move 0's score from a is the score of board b as an afterstate: the net's score head on b
+        score_b = model.actor(torch.relu(model.policy_conv(model._trunk(b.reshape(1, 6, 7, 2)))).flatten(1))
+        assert torch.allclose(out_a[0, 0, 0], score_b[0, 0], atol=1e-6)
+        assert not torch.allclose(out_a[0, 0, 0], out_a[0, 0, 1])  # different boards, different scores
+    with pytest.raises(ConfigError, match="has no afterstates"):
+        build_model(resolve({"env": "pixel_goal", "model": "board", "lookahead": True}), make("pixel_goal", num_envs=1))

@@ -97,6 +97,8 @@ class Config:
     board_blocks: int = _f(2, "model=board: residual blocks after the conv stem (two 3 x 3 convs each)", min=0)
     mirror: bool = _f(False, "model=board: average the policy and value over the board and its left-right reflection "
                       "(the env's mirror_actions), so that both are exactly symmetric")
+    lookahead: bool = _f(False, "model=board: score each move by the net's reading of the board it makes (the env's "
+                         "afterstates: deterministic board games), a one-move lookahead learned in self-play")
     lstm_hidden: int = _f(128, "LSTM width (model=lstm)", positive=True)
     tf_width: int = _f(64, "transformer width (model=transformer; also the strategy encoder and role attention)", positive=True)
     tf_layers: int = _f(2, "transformer layers", positive=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,6 +131,10 @@ class VecEnv:
     # of the game: the action each action becomes in the reflection (a permutation). None where none is.
     # `model: board` with `mirror` makes its policy symmetric by it.
     mirror_actions: tuple[int, ...] | None = None
+    # True where the game is deterministic and `afterstates` gives, from a slot's observation alone, the observation
+    # of the position each of its actions leads to (a board game): `model: board` with `lookahead` scores each move
+    # by the board it makes.
+    has_afterstates: bool = False
 
     def reset(self, seed: int | None = None) -> StepRecord:
         raise NotImplementedError
@@ -187,6 +192,13 @@ class VecEnv:
         CPU step, where selecting rows costs nothing). An env whose scripted policy is costly (a search) computes
         those alone and returns anything in the others; by default every copy is computed."""
         return self.scripted_actions(name, record, draws)
+
+    def afterstate_fn(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """Where `has_afterstates`: a function from observations [..., *obs_shape] of the slot to move to
+        [..., n, *obs_shape], the position after each of its n actions as the mover sees it. Pure tensor code that holds
+        no env state (a model keeps it, copies it with its snapshots and an export traces it); an action the mask
+        forbids may give any board."""
+        raise NotImplementedError(f"env '{self.name}' has no afterstates")
 
     def turn_observations(self) -> list[tuple[int, Any]] | None:
         """Per copy, the slot to move and its observation in the game's own form (a turn-based PettingZoo env's

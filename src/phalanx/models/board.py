@@ -8,6 +8,12 @@ empty cell, then: a 3 x 3 conv stem and `blocks` residual blocks of `channels` f
 batch norm: a PPO minibatch is no fixed distribution), a policy head (1 x 1 conv to 2 planes, then a linear layer
 to the actions) and a value head (1 x 1 conv to 1 plane, a hidden layer, one value).
 
+`afterstates` (the env's `VecEnv.afterstate_fn`, where the game is deterministic: config key `lookahead`) makes the
+policy look one move ahead: each move is scored by the net's reading of the board it makes (the same trunk, a score
+head), so a move that completes a line, or leaves the other side one, is seen on the board it leaves rather than
+inferred from the board before it; the value head reads the board itself. It costs a forward of n + 1 boards a
+decision (connect four: 8).
+
 `mirror_actions` (the env's `VecEnv.mirror_actions`: where each action goes when the board is reflected left to
 right) makes the policy and value exactly symmetric: the net runs on the board and on its reflection, and the
 reflection's action preferences are mapped back and averaged with the board's. A board and its mirror image are
@@ -15,6 +21,8 @@ the same position of the game, so the policy learns from each game as from two.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -56,6 +64,7 @@ class BoardActorCritic(nn.Module):
         num_agents: int = 1,
         agent_id: bool = False,
         mirror_actions: tuple[int, ...] | None = None,
+        afterstates: Callable[[torch.Tensor], torch.Tensor] | None = None,
         init_log_std: float = 0.0,
     ):
         super().__init__()
@@ -71,29 +80,47 @@ class BoardActorCritic(nn.Module):
         if mirror_actions is not None and sorted(mirror_actions) != list(range(n)):
             raise ValueError(f"mirror_actions must be a permutation of the {n} actions, got {mirror_actions}")
         self.register_buffer("mirror", None if mirror_actions is None else torch.tensor(mirror_actions))
+        self.afterstates = afterstates
         self.stem = layer_init(nn.Conv2d(P + 1, channels, 3, padding=1))
         self.blocks = nn.Sequential(*(ResidualBlock(channels) for _ in range(blocks)))
         ids = num_agents if agent_id else 0
         self.policy_conv = layer_init(nn.Conv2d(channels, 2, 1))
-        self.actor = layer_init(nn.Linear(2 * H * W + ids, n), gain=0.01)
+        # With afterstates a move's preference is a score of the board it makes: one output per board.
+        self.actor = layer_init(nn.Linear(2 * H * W + ids, 1 if afterstates is not None else n), gain=0.01)
         self.value_conv = layer_init(nn.Conv2d(channels, 1, 1))
         self.value_hidden = layer_init(nn.Linear(H * W + ids, value_hidden))
         self.critic = layer_init(nn.Linear(value_hidden, 1), gain=1.0)
+
+    def _trunk(self, boards: torch.Tensor) -> torch.Tensor:
+        """Boards [M, H, W, P] float -> features [M, channels, H, W]."""
+        x = boards.permute(0, 3, 1, 2)
+        return self.blocks(F.relu(self.stem(torch.cat([x, torch.ones_like(x[:, :1])], 1))))
 
     def _heads(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Boards [*B, A, H, W, P] -> (actor output [*B, A, n], value [*B, A]) of the net alone (no mirror)."""
         if tuple(obs.shape[-3:]) != self.obs_shape:
             raise ValueError(f"expected boards [..., {', '.join(map(str, self.obs_shape))}], got {tuple(obs.shape)}")
         lead = obs.shape[:-3]
-        x = obs.reshape(-1, *self.obs_shape).to(self.stem.weight.dtype).permute(0, 3, 1, 2)
-        x = torch.cat([x, torch.ones_like(x[:, :1])], 1)
-        x = self.blocks(F.relu(self.stem(x)))
-        p = F.relu(self.policy_conv(x)).flatten(1)
-        v = F.relu(self.value_conv(x)).flatten(1)
-        if self.agent_id:
-            eye = self.agent_eye.expand(*lead, self.num_agents).reshape(-1, self.num_agents)
-            p, v = torch.cat([p, eye], 1), torch.cat([v, eye], 1)
-        out = self.actor(p)
+        x = obs.reshape(-1, *self.obs_shape).to(self.stem.weight.dtype)
+        B = x.shape[0]
+        eye = self.agent_eye.expand(*lead, self.num_agents).reshape(B, -1) if self.agent_id else None
+        if self.afterstates is None:
+            features = self._trunk(x)
+            p = F.relu(self.policy_conv(features)).flatten(1)
+            v = F.relu(self.value_conv(features)).flatten(1)
+            if eye is not None:
+                p = torch.cat([p, eye], 1)
+        else:
+            after = self.afterstates(x)  # [B, n, H, W, P]
+            n = after.shape[1]
+            features = self._trunk(torch.cat([x.unsqueeze(1), after], 1).flatten(0, 1)).unflatten(0, (B, n + 1))
+            v = F.relu(self.value_conv(features[:, 0])).flatten(1)
+            p = F.relu(self.policy_conv(features[:, 1:].flatten(0, 1))).flatten(1)
+            if eye is not None:
+                p = torch.cat([p, eye.repeat_interleave(n, 0)], 1)
+        if eye is not None:
+            v = torch.cat([v, eye], 1)
+        out = self.actor(p).reshape(B, -1)
         value = self.critic(F.relu(self.value_hidden(v))).squeeze(-1)
         return out.reshape(*lead, -1), value.reshape(lead)
 

@@ -213,6 +213,9 @@ def _check_board(cfg: Config, env: VecEnv) -> None:
                           "shared or shared_id")
     if cfg.norm_obs:
         raise ConfigError("config key 'norm_obs' must be false with model=board (its planes are 0 / 1)")
+    if cfg.lookahead and not env.has_afterstates:
+        raise ConfigError(f"config key 'lookahead' is true but env '{cfg.env}' has no afterstates (a deterministic board "
+                          "game's move function); allowed for it: false")
     if cfg.mirror and env.mirror_actions is None:
         raise ConfigError(f"config key 'mirror' is true but env '{cfg.env}' declares no mirror_actions (no left-right "
                           "symmetry); allowed for it: false")
@@ -221,7 +224,8 @@ def _check_board(cfg: Config, env: VecEnv) -> None:
 def _build_board(cfg: Config, env: VecEnv) -> ActorCritic:
     return BoardActorCritic(tuple(env.observation_space.shape), env.action_space, channels=cfg.board_channels,
                             blocks=cfg.board_blocks, num_agents=env.num_agents, agent_id=cfg.param_sharing == "shared_id",
-                            mirror_actions=env.mirror_actions if cfg.mirror else None, init_log_std=cfg.init_log_std)
+                            mirror_actions=env.mirror_actions if cfg.mirror else None,
+                            afterstates=env.afterstate_fn() if cfg.lookahead else None, init_log_std=cfg.init_log_std)
 
 
 register_model(ModelSpec(MLP, _build_mlp, _no_check))

@@ -24,6 +24,8 @@ opening never decides a game by itself.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -50,6 +52,21 @@ def lines(rows: int, cols: int, k: int) -> list[tuple[int, ...]]:
     return out
 
 
+def afterstates(obs: torch.Tensor, rows: int, cols: int, gravity: bool) -> torch.Tensor:
+    """Boards [..., rows, cols, 2] (the mover's pieces in plane 0, float) -> [..., n, rows, cols, 2]: the board after
+    each move, the new piece in plane 0 (a full column's or a taken cell's board is left as it was: the mask forbids
+    it). A pure function of the board (`VecEnv.afterstate_fn`)."""
+    empty = 1.0 - obs.sum(-1).clamp_max(1.0)  # [..., rows, cols]
+    if gravity:
+        row = torch.arange(rows, device=obs.device, dtype=obs.dtype).unsqueeze(-1)  # [rows, 1]
+        landing = (row == empty.sum(-2, keepdim=True) - 1).to(obs.dtype)  # [..., rows, cols]: each column's cell
+        piece = landing.unsqueeze(-3) * torch.eye(cols, device=obs.device, dtype=obs.dtype).unsqueeze(-2)
+    else:
+        cells = rows * cols
+        piece = torch.eye(cells, device=obs.device, dtype=obs.dtype).view(cells, rows, cols) * empty.unsqueeze(-3)
+    return obs.unsqueeze(-4) + torch.stack([piece, torch.zeros_like(piece)], -1)
+
+
 class LineGameEnv(VecEnv):
     """N games of k in a line on a rows x cols board (see the module docstring): 2 slots taking turns, Discrete
     actions under a mask; `gravity`: an action is a column whose lowest empty cell takes the piece (connect four),
@@ -61,6 +78,7 @@ class LineGameEnv(VecEnv):
     action_masks = True
     turn_based = True
     renders = True
+    has_afterstates = True
     # The searches of zoo/line_search.py, d plies deep (`tactics_d`): league members and sparring partners.
     scripted_names = ("tactics_1", "tactics_2", "tactics_3", "tactics_4", "random")
     rows: int
@@ -99,6 +117,10 @@ class LineGameEnv(VecEnv):
         if self.gravity:
             return tuple(range(self.cols - 1, -1, -1))
         return tuple(r * self.cols + self.cols - 1 - c for r in range(self.rows) for c in range(self.cols))
+
+    def afterstate_fn(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """`afterstates` of this board (`VecEnv.afterstate_fn`)."""
+        return functools.partial(afterstates, rows=self.rows, cols=self.cols, gravity=self.gravity)
 
     @classmethod
     def most_opening_plies(cls) -> int:
