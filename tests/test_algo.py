@@ -6,8 +6,8 @@ never by calling the function under test.
 
 from __future__ import annotations
 
-import dataclasses
 import copy
+import dataclasses
 import math
 import subprocess
 import sys

@@ -192,7 +192,7 @@ def test_help_after_env_shows_that_envs_defaults_and_every_choice(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "default with --env cartpole in brackets" in text
     assert "parallel environments [32]" in text and "Adam learning rate [0.002]" in text
-    assert "(one of mlp, lstm, transformer, strategy, cnn, role_attention)" in text
+    assert "(one of mlp, lstm, transformer, strategy, cnn, role_attention, board)" in text
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     assert "parallel environments [8]" in " ".join(capsys.readouterr().out.split())

@@ -4,6 +4,7 @@
     phalanx resume     continue a stopped run (train --resume RUN_DIR)
     phalanx eval       evaluate a run's policy against scripted teams, random play or league snapshots
     phalanx league     print a self-play run's rating table
+    phalanx exploit    train a best response against a two-sided run's policy and score it (--exact: every line)
     phalanx plot       return and losses against steps, of one run or several
     phalanx envs       list the environments, their spaces and options
     phalanx check-env  check an env against the env contract (docs/ENVIRONMENTS.md)
@@ -25,9 +26,10 @@ from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 from phalanx import devices
+from phalanx.cli.exploit import cmd_exploit
 from phalanx.cli.options import typed_env_options
 from phalanx.cli.outputs import cmd_compare, cmd_envs, cmd_export, cmd_plot, cmd_sweep
-from phalanx.cli.play import cmd_eval, cmd_exploit, cmd_league
+from phalanx.cli.play import cmd_eval, cmd_league
 from phalanx.cli.training import cmd_check_env, cmd_train
 from phalanx.config import describe_keys, effective_defaults
 from phalanx.errors import PhalanxError, Stopped, storage_reason

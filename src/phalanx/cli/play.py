@@ -1,5 +1,5 @@
-"""`phalanx eval` (against scripted teams, random play, league snapshots or players written outside Phalanx),
-`phalanx league` and `phalanx exploit`."""
+"""`phalanx eval` (against scripted teams, random play, league snapshots or players written outside Phalanx) and
+`phalanx league`."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ from phalanx.cli.options import (
 from phalanx.envs import make, registry
 from phalanx.errors import CheckpointError, PhalanxError
 from phalanx.evaluate import evaluate_policy, evaluate_seats
-from phalanx.exploit import draw_curve, every_line, exploit, summary_line
 from phalanx.league import LEAGUE_FILE, Ratings, load_snapshot
 from phalanx.policy import load
 from phalanx.record import record_episode
@@ -233,36 +232,3 @@ def cmd_league(args: argparse.Namespace) -> int:
         print(f"{r['name']:<26}{r['status']:>9}{r['rating']:>9.2f}{r['mu']:>8.2f}{r['sigma']:>8.2f}{r['games']:>8}{wr:>24}")
     return 0
 
-
-def cmd_exploit(args: argparse.Namespace) -> int:
-    """A best response trained against the run's greedy policy (exploit.py), or with --exact the walk of every line."""
-    at_least_one("exploit", episodes=args.episodes, steps=args.steps)
-    apply_compute_flags("exploit", args)
-    if args.exact:
-        if args.run_dir is None:
-            raise PhalanxError("exploit --exact walks a run's policy: give RUN_DIR")
-        policy = load(args.run_dir, device=args.device)
-        options = registry.evaluation_options(policy.config.env, policy.config.env_options)
-        table = {seat: every_line(policy, policy.config.env, i, options) for i, seat in enumerate(("first", "second"))}
-        if args.json:
-            print(json.dumps({"every_line": table}))
-            return 0
-        print(f"{policy.config.env}: every game the greedy policy ({_evaluated(args.run_dir, policy.step)}) can meet against "
-              "an opponent playing any legal move")
-        print(f"{'seat':<8}{'lines':>8}{'won':>8}{'drawn':>8}{'lost':>8}")
-        for seat, c in table.items():
-            print(f"{seat:<8}{c['lines']:>8}{c['wins']:>8}{c['draws']:>8}{c['losses']:>8}")
-        return 0
-    report = exploit(args.run_dir, out=args.out, steps=args.steps, seed=args.seed, episodes=args.episodes,
-                     device=args.device, torch_threads=args.torch_threads, overwrite=args.overwrite, env=args.env,
-                     scripted=args.scripted)
-    draw_curve(report, Path(report["best_response"]) / "exploit.png")
-    if args.json:
-        print(json.dumps(report))
-        return 0
-    against = (f"the greedy policy of {args.run_dir} (step {report['policy_step']:,})" if args.run_dir is not None
-               else f"the scripted policy {args.scripted}")
-    print(f"{report['env']}: a best response trained {report['steps']:,} steps (seed {report['seed']}) against {against}")
-    print(f"its score (wins + draws / 2), {report['episodes']} games a seat: {summary_line(report)}")
-    print(f"report:  {Path(report['best_response']) / 'exploit.json'}  curve: {Path(report['best_response']) / 'exploit.png'}")
-    return 0
