@@ -49,7 +49,8 @@ class LineSearch:
 
     def pieces(self, board: torch.Tensor, mark: torch.Tensor) -> torch.Tensor:
         """[M] int64: the bitboard of the pieces of `mark` [M] (1 or 2) on boards [M, cells]."""
-        return (board == mark.unsqueeze(1)).long() @ self.cell_bits
+        # A masked sum, not a matmul: CUDA has no integer matmul.
+        return torch.where(board == mark.unsqueeze(1), self.cell_bits, 0).sum(-1)
 
     def bitboards(self, board: torch.Tensor, mark: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(the mover's pieces, the other's) [M] int64 of boards [M, cells] whose mover plays `mark` [M] (1 or 2)."""
