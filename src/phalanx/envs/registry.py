@@ -335,6 +335,15 @@ def resolve_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def played_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """`evaluation_options` with the training-only ones set to their defaults explicitly: a run that must train on
+    the env as evaluations play it (a best response, `phalanx exploit`) keeps them off over the env's training
+    defaults."""
+    s = spec(name)
+    off = {} if s is None else {k: o.default for k, o in s.options.items() if o.train_only}
+    return {**evaluation_options(name, options), **off}
+
+
 def evaluation_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
     """A run's env options as its evaluations play them: without the env's training-only ones."""
     s = spec(name)
