@@ -107,7 +107,7 @@ def play(player: Player, env: VecEnv, rec: StepRecord, draws: Source, reset: tor
          rows: torch.Tensor | None = None) -> torch.Tensor:
     """Actions for every slot from a `Policy` (its memory reset where `reset` [N, A] marks an episode start),
     a scripted name, or random play (None or "random"); `rows`: the copies whose actions are used, where known (a
-    scripted policy may compute only those, `VecEnv.scripted_actions`)."""
+    scripted policy may compute only those, `VecEnv.scripted_actions_in`)."""
     if player is None or player == "random":
         return random_actions(env, draws, rec.action_mask)
     if isinstance(player, OutsidePlayer):
