@@ -102,3 +102,12 @@ def test_lookahead_scores_each_move_by_the_board_it_makes():
         assert not torch.allclose(out_a[0, 0, 0], out_a[0, 0, 1])  # different boards, different scores
     with pytest.raises(ConfigError, match="has no afterstates"):
         build_model(resolve({"env": "pixel_goal", "model": "board", "lookahead": True}), make("pixel_goal", num_envs=1))
+
+
+def test_the_board_options_are_refused_on_another_model(capsys):
+    from phalanx.cli import main
+
+    assert main(["train", "--env", "connect_four", "--lookahead", "true", "--total-steps", "8192"]) == 2
+    assert "config key 'lookahead' is true but applies only to model=board" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="config key 'mirror' is true but applies only to model=board"):
+        build_model(resolve({"env": "connect_four", "mirror": True}), make("connect_four", num_envs=1))

@@ -92,6 +92,10 @@ def check_model(cfg: Config, env: VecEnv) -> None:
         if cfg.teammates or cfg.opponents:
             raise ConfigError(f"config keys 'teammates' / 'opponents' are not supported with env '{cfg.env}', whose slots "
                               "have different numbers of actions")
+    if cfg.model != BOARD.name and (cfg.mirror or cfg.lookahead):
+        key = "mirror" if cfg.mirror else "lookahead"
+        raise ConfigError(f"config key '{key}' is true but applies only to model=board; got model {cfg.model} (set "
+                          f"--model board, or {key} false)")
     model_spec(cfg.model).check(cfg, env)
 
 

@@ -40,18 +40,6 @@ from phalanx.errors import ConfigError
 from phalanx.zoo.line_search import LineSearch
 
 
-def lines(rows: int, cols: int, k: int) -> list[tuple[int, ...]]:
-    """Every line of k cells (row, column, both diagonals) of a rows x cols board, cells numbered row by row."""
-    out = []
-    for r in range(rows):
-        for c in range(cols):
-            for dr, dc in ((0, 1), (1, 0), (1, 1), (-1, 1)):
-                cells = [(r + i * dr, c + i * dc) for i in range(k)]
-                if all(0 <= rr < rows and 0 <= cc < cols for rr, cc in cells):
-                    out.append(tuple(rr * cols + cc for rr, cc in cells))
-    return out
-
-
 def afterstates(obs: torch.Tensor, rows: int, cols: int, gravity: bool) -> torch.Tensor:
     """Boards [..., rows, cols, 2] (the mover's pieces in plane 0, float) -> [..., n, rows, cols, 2]: the board after
     each move, the new piece in plane 0 (a full column's or a taken cell's board is left as it was: the mask forbids
@@ -98,7 +86,6 @@ class LineGameEnv(VecEnv):
         self.observation_space = Box(low=0.0, high=1.0, shape=(self.rows, self.cols, 2))
         self.action_space = Discrete(self.cols if self.gravity else self.rows * self.cols)
         self._seed_generator(seed)
-        self.lines = torch.tensor(lines(self.rows, self.cols, self.k), device=self.device)
         # The two planes of a cell holding v (0 empty, 1 / 2 a slot's piece) as slot 0 sees it (row v) and as slot 1
         # does (row 3 + v): one embedding lookup a step, several times faster than stacking comparisons.
         self.planes = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 0.0], [0.0, 1.0], [1.0, 0.0]],
