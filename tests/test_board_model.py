@@ -104,10 +104,58 @@ def test_lookahead_scores_each_move_by_the_board_it_makes():
         build_model(resolve({"env": "pixel_goal", "model": "board", "lookahead": True}), make("pixel_goal", num_envs=1))
 
 
+def test_exact_outcomes_take_a_win_block_a_loss_and_train_on_the_moves_they_allow():
+    """With exact_outcomes the policy plays the winning move where there is one and the only block where the other
+    side threatens, from any weights; the update's log-probs (`evaluate`, from the boards and the env's mask) are the
+    rollout's; and a plain model at the same weights plays other moves, so the test can fail."""
+    env = make("connect_four", num_envs=2, seed=0)
+    env.reset(seed=0)
+    # Copy 0: slot 0 to move, three in the bottom row (columns 0-2): column 3 wins. Copy 1: slot 0 to move and
+    # slot 1 has three in column 6: only column 6 stops it.
+    board = torch.zeros(2, 42, dtype=torch.long)
+    board[0, [35, 36, 37]] = 1
+    board[0, [28, 29, 30]] = 2
+    board[1, [41, 34, 27]] = 2
+    board[1, [35, 36, 28]] = 1
+    env.board, env.turn = board, torch.zeros(2, dtype=torch.long)
+    obs, mask = env._observe(board), env._mask()
+    cfg = {"env": "connect_four", "model": "board", "lookahead": True, "board_channels": 8}
+    torch.manual_seed(0)
+    model = build_model(resolve({**cfg, "exact_outcomes": True}), env)
+    plain = build_model(resolve({**cfg, "exact_outcomes": False}), env)
+    plain.load_state_dict(model.state_dict())
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for _ in range(20):
+            action, logp = model.act(obs, gen, mask=mask)
+            assert action[:, 0].tolist() == [3, 6]
+            assert torch.allclose(model.evaluate(obs, action, mask)[0], logp)
+        assert torch.allclose(logp[:, 0], torch.zeros(2), atol=1e-6)  # the only move it allows: probability one
+        plain_moves = {tuple(plain.act(obs, gen, mask=mask)[0][:, 0].tolist()) for _ in range(20)}
+        assert plain_moves != {(3, 6)}
+    assert bool(mask[:, 0].all())  # the env's mask still allows every column: the narrowing is the policy's
+
+
 def test_the_board_options_are_refused_on_another_model(capsys):
     from phalanx.cli import main
 
-    assert main(["train", "--env", "connect_four", "--lookahead", "true", "--total-steps", "8192"]) == 2
+    assert main(["train", "--env", "connect_four", "--model", "mlp", "--lookahead", "true", "--total-steps", "8192"]) == 2
     assert "config key 'lookahead' is true but applies only to model=board" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="config key 'mirror' is true but applies only to model=board"):
-        build_model(resolve({"env": "connect_four", "mirror": True}), make("connect_four", num_envs=1))
+        build_model(resolve({"env": "connect_four", "model": "mlp", "mirror": True}), make("connect_four", num_envs=1))
+    with pytest.raises(ConfigError, match="config key 'exact_outcomes' is true but applies only to model=board"):
+        build_model(resolve({"env": "connect_four", "model": "mlp", "exact_outcomes": True}), make("connect_four", num_envs=1))
+    with pytest.raises(ConfigError, match="config key 'exact_outcomes' is true but env 'pixel_goal' has no move outcomes"):
+        build_model(resolve({"env": "pixel_goal", "model": "board", "exact_outcomes": True}), make("pixel_goal", num_envs=1))
+
+
+def test_connect_four_defaults_to_the_board_model_and_another_model_drops_its_keys():
+    """The env's training defaults pick the board model with its options; `--model mlp` drops the board keys those
+    defaults set (a user switching model is not refused over keys they never wrote), and keeps the ones they did."""
+    cfg = resolve({"env": "connect_four"})
+    assert (cfg.model, cfg.lookahead, cfg.exact_outcomes, cfg.board_channels) == ("board", True, True, 16)
+    mlp = resolve({"env": "connect_four", "model": "mlp"})
+    assert (mlp.model, mlp.lookahead, mlp.exact_outcomes) == ("mlp", False, False)
+    build_model(mlp, make("connect_four", num_envs=1))
+    with pytest.raises(ConfigError, match="config key 'lookahead' is true but applies only to model=board"):
+        build_model(resolve({"env": "connect_four", "model": "mlp", "lookahead": True}), make("connect_four", num_envs=1))

@@ -95,3 +95,20 @@ def test_a_league_with_a_searcher_teaches_connect_four_tactics(tmp_path):
     seats = evaluate_seats(result.policy, "connect_four", "tactics_2", episodes=100, seed=5)
     assert seats["first"]["wins"] >= 55, seats["first"]
     assert seats["second"]["wins"] >= 30, seats["second"]
+
+
+@pytest.mark.parametrize("name", ["tictactoe", "connect_four"])
+def test_move_outcomes_read_off_the_boards_agree_with_the_search(name):
+    """`move_outcome_fn` (float boards, convolutions; what a model with exact_outcomes runs) marks +1 exactly the
+    moves the 1-ply bitboard search finds winning and -1 exactly the other moves the 2-ply search finds losing."""
+    env, rec, _ = random_positions(name, 400, 5 if name == "tictactoe" else 14, seed=3)
+    mover = env.turn
+    obs = rec.obs[torch.arange(400), mover]
+    outcome = env.move_outcome_fn()(obs)
+    mine, theirs = env.search.bitboards(env.board, mover + 1)
+    one, two = env.search.values(mine, theirs, 1), env.search.values(mine, theirs, 2)
+    legal = one > -torch.inf
+    wins, loses = (one > 0.5) & legal, (two < -0.5) & legal & ~(one > 0.5)
+    assert torch.equal(outcome > 0, wins)
+    assert torch.equal(outcome < 0, loses)
+    assert int(wins.sum()) > 10 and int(loses.sum()) > 10  # the positions hold both, not only quiet moves

@@ -99,6 +99,9 @@ class Config:
                       "(the env's mirror_actions), so that both are exactly symmetric")
     lookahead: bool = _f(False, "model=board: score each move by the net's reading of the board it makes (the env's "
                          "afterstates: deterministic board games), a one-move lookahead learned in self-play")
+    exact_outcomes: bool = _f(False, "model=board: play a move that wins at once where there is one, and none that lets "
+                              "the other side win at once where another move does not (the env's move outcomes: a "
+                              "board game's own rules two plies deep); the net chooses among the rest")
     lstm_hidden: int = _f(128, "LSTM width (model=lstm)", positive=True)
     tf_width: int = _f(64, "transformer width (model=transformer; also the strategy encoder and role attention)", positive=True)
     tf_layers: int = _f(2, "transformer layers", positive=True)
@@ -328,6 +331,9 @@ def resolve(*layers: dict[str, Any] | None) -> Config:
                 coerce(value, types[key], f"env option '{key}' of '{env}' in '{path}'", parse_text=False)
     base = registry.train_defaults(env)
     env_opts = {**base.pop("env_options", {}), **env_opts}
+    if "model" in base and merged.get("model", base["model"]) != base["model"]:
+        for key in KINDS[base["model"]].keys:
+            base.pop(key, None)
     base.update(merged)
     base.update({key: value for key, (value, _) in derive(base).items()})
     values = {}

@@ -16,6 +16,9 @@ class ModelKind:
     world_values: bool = False
     # Serves envs whose slots have different numbers of discrete actions.
     slot_actions: bool = False
+    # The config keys only this model reads: an env's training defaults for them hold only where a run keeps the env's
+    # default model (`--model mlp` on connect four drops its board keys rather than refusing them).
+    keys: tuple[str, ...] = ()
 
 
 MLP = ModelKind("mlp", "separate actor and critic MLPs (shared, slot id or per-role parameters)", world_values=True,
@@ -29,6 +32,7 @@ CNN = ModelKind("cnn", "Nature-CNN encoder and dense layer for pixel observation
 ROLE_ATTENTION = ModelKind("role_attention", "attention over the other slots, pooled per role (heterogeneous teams)",
                            world_values=True, slot_actions=True)
 
-BOARD = ModelKind("board", "residual conv net over a board's planes, optionally mirror-symmetric (board games)")
+BOARD = ModelKind("board", "residual conv net over a board's planes, optionally mirror-symmetric (board games)",
+                  keys=("board_channels", "board_blocks", "mirror", "lookahead", "exact_outcomes"))
 
 KINDS: dict[str, ModelKind] = {k.name: k for k in (MLP, LSTM, TRANSFORMER, STRATEGY, CNN, ROLE_ATTENTION, BOARD)}

@@ -65,7 +65,8 @@ class SwappedSides(VecEnv):
         self.env = env
         for attr in ("name", "num_envs", "num_agents", "device", "observation_space", "action_space", "state_space",
                      "role_names", "roles", "success_key", "scripted_names", "capturable", "rng", "restorable", "renders",
-                     "frame_stack", "action_masks", "turn_based", "agent_names", "mirror_actions", "has_afterstates", "afterstate_fn"):
+                     "frame_stack", "action_masks", "turn_based", "agent_names", "mirror_actions", "has_afterstates", "afterstate_fn",
+                     "has_move_outcomes", "move_outcome_fn"):
             setattr(self, attr, getattr(env, attr))
         N, A = env.num_envs, env.num_agents
         # Slot k of the learner's layout is the env's slot other[k] in a swapped copy (an involution).

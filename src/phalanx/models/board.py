@@ -14,6 +14,12 @@ head), so a move that completes a line, or leaves the other side one, is seen on
 inferred from the board before it; the value head reads the board itself. It costs a forward of n + 1 boards a
 decision (connect four: 8).
 
+`move_outcomes` (the env's `VecEnv.move_outcome_fn`: config key `exact_outcomes`) narrows the moves the policy
+chooses from by the game's own rules two plies deep: to the moves that win at once where there are any, else to those
+after which the other side cannot win at once where there are any. The net learns the rest: which of the safe moves
+is best, the tactics deeper than a reply. It is part of the policy (its snapshots and exports play by it), not of the
+game: the env's mask still allows every legal move.
+
 `mirror_actions` (the env's `VecEnv.mirror_actions`: where each action goes when the board is reflected left to
 right) makes the policy and value exactly symmetric: the net runs on the board and on its reflection, and the
 reflection's action preferences are mapped back and averaged with the board's. A board and its mirror image are
@@ -65,6 +71,7 @@ class BoardActorCritic(nn.Module):
         agent_id: bool = False,
         mirror_actions: tuple[int, ...] | None = None,
         afterstates: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        move_outcomes: Callable[[torch.Tensor], torch.Tensor] | None = None,
         init_log_std: float = 0.0,
     ):
         super().__init__()
@@ -81,6 +88,7 @@ class BoardActorCritic(nn.Module):
             raise ValueError(f"mirror_actions must be a permutation of the {n} actions, got {mirror_actions}")
         self.register_buffer("mirror", None if mirror_actions is None else torch.tensor(mirror_actions))
         self.afterstates = afterstates
+        self.move_outcomes = move_outcomes
         self.stem = layer_init(nn.Conv2d(P + 1, channels, 3, padding=1))
         self.blocks = nn.Sequential(*(ResidualBlock(channels) for _ in range(blocks)))
         ids = num_agents if agent_id else 0
@@ -131,6 +139,17 @@ class BoardActorCritic(nn.Module):
         out, value = self._heads(torch.stack([obs, obs.flip(-2)]))
         return (out[0] + out[1][..., self.mirror]) / 2, (value[0] + value[1]) / 2
 
+    def moves(self, obs: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor | None:
+        """The moves the policy chooses from: `mask` (None: all), narrowed by `move_outcomes` where the model has them
+        (see the module docstring). A function of the boards and the mask alone, so that the update's log-probs are
+        those of the rollout's choices."""
+        if self.move_outcomes is None:
+            return mask
+        outcome = self.move_outcomes(obs.to(self.stem.weight.dtype))
+        allowed = torch.ones_like(outcome, dtype=torch.bool) if mask is None else mask
+        wins, safe = allowed & (outcome > 0), allowed & (outcome >= 0)
+        return torch.where(wins.any(-1, keepdim=True), wins, torch.where(safe.any(-1, keepdim=True), safe, allowed))
+
     def value(self, critic_in: torch.Tensor) -> torch.Tensor:
         """V per agent [..., A] from boards [..., A, H, W, P]."""
         return self.forward_both(critic_in)[1]
@@ -141,7 +160,7 @@ class BoardActorCritic(nn.Module):
 
     def act(self, obs: torch.Tensor, generator: Source = None, greedy: bool = False,
             mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        out = self.forward_both(obs)[0]
+        out, mask = self.forward_both(obs)[0], self.moves(obs, mask)
         action = self.head.sample(out, generator, greedy, mask)
         return action, self.head.log_prob(out, action, mask)
 
@@ -149,18 +168,18 @@ class BoardActorCritic(nn.Module):
                   critic_in: torch.Tensor | None = None,
                   mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`act` and `value` of one forward (the critic reads the same boards): -> (action, log-prob, value)."""
-        out, value = self.forward_both(obs)
+        (out, value), mask = self.forward_both(obs), self.moves(obs, mask)
         action = self.head.sample(out, generator, greedy, mask)
         return action, self.head.log_prob(out, action, mask), value
 
     def evaluate(self, obs: torch.Tensor, actions: torch.Tensor,
                  mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.head.log_prob_entropy(self.forward_both(obs)[0], actions, mask)
+        return self.head.log_prob_entropy(self.forward_both(obs)[0], actions, self.moves(obs, mask))
 
     def evaluate_value(self, obs: torch.Tensor, actions: torch.Tensor, critic_in: torch.Tensor | None = None,
                        mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         out, value = self.forward_both(obs)
-        return *self.head.log_prob_entropy(out, actions, mask), value
+        return *self.head.log_prob_entropy(out, actions, self.moves(obs, mask)), value
 
 
 __all__ = ["BoardActorCritic", "ResidualBlock"]

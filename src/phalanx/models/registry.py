@@ -92,8 +92,8 @@ def check_model(cfg: Config, env: VecEnv) -> None:
         if cfg.teammates or cfg.opponents:
             raise ConfigError(f"config keys 'teammates' / 'opponents' are not supported with env '{cfg.env}', whose slots "
                               "have different numbers of actions")
-    if cfg.model != BOARD.name and (cfg.mirror or cfg.lookahead):
-        key = "mirror" if cfg.mirror else "lookahead"
+    if cfg.model != BOARD.name and (cfg.mirror or cfg.lookahead or cfg.exact_outcomes):
+        key = "mirror" if cfg.mirror else "lookahead" if cfg.lookahead else "exact_outcomes"
         raise ConfigError(f"config key '{key}' is true but applies only to model=board; got model {cfg.model} (set "
                           f"--model board, or {key} false)")
     model_spec(cfg.model).check(cfg, env)
@@ -220,6 +220,9 @@ def _check_board(cfg: Config, env: VecEnv) -> None:
     if cfg.lookahead and not env.has_afterstates:
         raise ConfigError(f"config key 'lookahead' is true but env '{cfg.env}' has no afterstates (a deterministic board "
                           "game's move function); allowed for it: false")
+    if cfg.exact_outcomes and not env.has_move_outcomes:
+        raise ConfigError(f"config key 'exact_outcomes' is true but env '{cfg.env}' has no move outcomes (a board game's "
+                          "win rule read off its boards); allowed for it: false")
     if cfg.mirror and env.mirror_actions is None:
         raise ConfigError(f"config key 'mirror' is true but env '{cfg.env}' declares no mirror_actions (no left-right "
                           "symmetry); allowed for it: false")
@@ -229,7 +232,8 @@ def _build_board(cfg: Config, env: VecEnv) -> ActorCritic:
     return BoardActorCritic(tuple(env.observation_space.shape), env.action_space, channels=cfg.board_channels,
                             blocks=cfg.board_blocks, num_agents=env.num_agents, agent_id=cfg.param_sharing == "shared_id",
                             mirror_actions=env.mirror_actions if cfg.mirror else None,
-                            afterstates=env.afterstate_fn() if cfg.lookahead else None, init_log_std=cfg.init_log_std)
+                            afterstates=env.afterstate_fn() if cfg.lookahead else None,
+                            move_outcomes=env.move_outcome_fn() if cfg.exact_outcomes else None, init_log_std=cfg.init_log_std)
 
 
 register_model(ModelSpec(MLP, _build_mlp, _no_check))

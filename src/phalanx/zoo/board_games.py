@@ -55,6 +55,17 @@ def afterstates(obs: torch.Tensor, rows: int, cols: int, gravity: bool) -> torch
     return obs.unsqueeze(-4) + torch.stack([piece, torch.zeros_like(piece)], -1)
 
 
+def move_outcomes(obs: torch.Tensor, search: LineSearch) -> torch.Tensor:
+    """Boards [..., rows, cols, 2] of the mover -> [..., n]: +1 for a legal move that completes a line, -1 for one
+    after which the other side can complete one, 0 otherwise (`VecEnv.move_outcome_fn`): `search`'s two plies, on
+    bitboards made from the planes."""
+    cells = obs.reshape(-1, search.rows * search.cols, obs.shape[-1]) > 0.5
+    mine, theirs = (torch.where(cells[..., p], search.cell_bits, 0).sum(-1) for p in (0, 1))
+    value = search.values(mine, theirs, 2)
+    outcome = torch.where(value > 0.5, 1.0, 0.0) - torch.where(torch.isfinite(value) & (value < -0.5), 1.0, 0.0)
+    return outcome.to(obs.dtype if obs.is_floating_point() else torch.float32).reshape(*obs.shape[:-3], -1)
+
+
 class LineGameEnv(VecEnv):
     """N games of k in a line on a rows x cols board (see the module docstring): 2 slots taking turns, Discrete
     actions under a mask; `gravity`: an action is a column whose lowest empty cell takes the piece (connect four),
@@ -67,6 +78,7 @@ class LineGameEnv(VecEnv):
     turn_based = True
     renders = True
     has_afterstates = True
+    has_move_outcomes = True
     # The searches of zoo/line_search.py, d plies deep (`tactics_d`): league members and sparring partners.
     scripted_names = ("tactics_1", "tactics_2", "tactics_3", "tactics_4", "random")
     rows: int
@@ -108,6 +120,10 @@ class LineGameEnv(VecEnv):
     def afterstate_fn(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """`afterstates` of this board (`VecEnv.afterstate_fn`)."""
         return functools.partial(afterstates, rows=self.rows, cols=self.cols, gravity=self.gravity)
+
+    def move_outcome_fn(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """`move_outcomes` on this board (`VecEnv.move_outcome_fn`)."""
+        return functools.partial(move_outcomes, search=self.search)
 
     @classmethod
     def most_opening_plies(cls) -> int:
@@ -293,6 +309,10 @@ register(
         description="Connect four, PettingZoo's rules and observations, batched in torch: 2 players taking turns, "
                     "Discrete(7) columns under an action mask, obs [6, 7, 2]",
         options={"opening_plies": opening_option(ConnectFourEnv)},
-        train_defaults={**GAME_DEFAULTS, "hidden_sizes": [256, 256], "total_steps": 20_000_000},
+        # The board read as an image, each move by the board it makes and the game's outcomes two plies deep, and a
+        # league with the searchers: docs/EXPERIMENTS.md (issue 62) measures each lever alone.
+        train_defaults={**GAME_DEFAULTS, "model": "board", "board_channels": 16, "board_blocks": 0, "lookahead": True,
+                        "exact_outcomes": True, "total_steps": 10_000_000, "env_options": {"opening_plies": 4},
+                        "opponents": "self_play:6,learner:2,random:1,tactics_1:1,tactics_2:2,tactics_3:2,tactics_4:2"},
     )
 )
