@@ -153,9 +153,29 @@ def test_connect_four_defaults_to_the_board_model_and_another_model_drops_its_ke
     """The env's training defaults pick the board model with its options; `--model mlp` drops the board keys those
     defaults set (a user switching model is not refused over keys they never wrote), and keeps the ones they did."""
     cfg = resolve({"env": "connect_four"})
-    assert (cfg.model, cfg.lookahead, cfg.exact_outcomes, cfg.board_channels) == ("board", True, True, 16)
+    assert (cfg.model, cfg.lookahead, cfg.exact_outcomes, cfg.outcome_plies, cfg.board_channels) == ("board", True, True, 4, 16)
     mlp = resolve({"env": "connect_four", "model": "mlp"})
     assert (mlp.model, mlp.lookahead, mlp.exact_outcomes) == ("mlp", False, False)
     build_model(mlp, make("connect_four", num_envs=1))
     with pytest.raises(ConfigError, match="config key 'lookahead' is true but applies only to model=board"):
         build_model(resolve({"env": "connect_four", "model": "mlp", "lookahead": True}), make("connect_four", num_envs=1))
+
+
+def test_deeper_exact_outcomes_see_a_double_threat_coming():
+    """outcome_plies 4: slot 1 has two in the bottom row (columns 2 and 3) with both ends open, slot 0 to move. At 2
+    plies every move looks safe; at 4 plies only columns 1 and 4 stop the open three (after any other move slot 1
+    plays column 1 or 4 and wins next move whatever slot 0 does)."""
+    env = make("connect_four", num_envs=1, seed=0)
+    env.reset(seed=0)
+    board = torch.zeros(1, 42, dtype=torch.long)
+    board[0, [37, 38]] = 2
+    board[0, [30, 31]] = 1  # slot 0's pieces on top of them: no line of its own to threaten
+    env.board, env.turn = board, torch.zeros(1, dtype=torch.long)
+    obs, mask = env._observe(board), env._mask()
+    cfg = {"env": "connect_four", "model": "board", "lookahead": True, "board_channels": 8, "exact_outcomes": True}
+    allowed = {}
+    for plies in (2, 4):
+        model = build_model(resolve({**cfg, "outcome_plies": plies}), env)
+        allowed[plies] = model.moves(obs, mask)[0, 0].nonzero().flatten().tolist()
+    assert allowed[2] == list(range(7))
+    assert allowed[4] == [1, 4]

@@ -24,9 +24,9 @@ def random_positions(name: str, n: int, plies: int, seed: int = 0):
     return env, rec, draws
 
 
-@pytest.mark.parametrize("depth", [1, 2, 3])
-def test_connect_four_wins_and_losses_agree_with_the_bench_search(depth):
-    env, rec, _ = random_positions("connect_four", 300, 14, seed=depth)
+@pytest.mark.parametrize("depth,positions", [(1, 300), (2, 300), (3, 300), (4, 100)])
+def test_connect_four_wins_and_losses_agree_with_the_bench_search(depth, positions):
+    env, rec, _ = random_positions("connect_four", positions, 14, seed=depth)
     values = env.search.values(*env.search.bitboards(env.board, env.turn + 1), depth)
     turns = env.turn_observations()
     checked = 0
@@ -43,7 +43,7 @@ def test_connect_four_wins_and_losses_agree_with_the_bench_search(depth):
                 plies = bench_c4.WIN - abs(theirs[col])
                 assert abs(abs(float(values[i, col])) - (1 - 0.01 * (plies - 1))) < 1e-5
                 checked += 1
-    assert checked > 50  # the positions hold wins and losses to compare, not only quiet moves
+    assert checked > positions // 6  # the positions hold wins and losses to compare, not only quiet moves
 
 
 def test_tactics_take_a_win_and_block_one():
@@ -97,18 +97,14 @@ def test_a_league_with_a_searcher_teaches_connect_four_tactics(tmp_path):
     assert seats["second"]["wins"] >= 30, seats["second"]
 
 
-@pytest.mark.parametrize("name", ["tictactoe", "connect_four"])
-def test_move_outcomes_read_off_the_boards_agree_with_the_search(name):
-    """`move_outcome_fn` (float boards, convolutions; what a model with exact_outcomes runs) marks +1 exactly the
-    moves the 1-ply bitboard search finds winning and -1 exactly the other moves the 2-ply search finds losing."""
+@pytest.mark.parametrize("name,plies", [("tictactoe", 2), ("connect_four", 2), ("connect_four", 4)])
+def test_move_outcomes_read_off_the_boards_are_the_searchs_values(name, plies):
+    """`move_outcome_fn` (what a model with exact_outcomes runs, from a slot's observation alone) gives the search's
+    values of the env's own board for the slot to move, from either seat; -1 where the move is illegal."""
     env, rec, _ = random_positions(name, 400, 5 if name == "tictactoe" else 14, seed=3)
     mover = env.turn
-    obs = rec.obs[torch.arange(400), mover]
-    outcome = env.move_outcome_fn()(obs)
-    mine, theirs = env.search.bitboards(env.board, mover + 1)
-    one, two = env.search.values(mine, theirs, 1), env.search.values(mine, theirs, 2)
-    legal = one > -torch.inf
-    wins, loses = (one > 0.5) & legal, (two < -0.5) & legal & ~(one > 0.5)
-    assert torch.equal(outcome > 0, wins)
-    assert torch.equal(outcome < 0, loses)
-    assert int(wins.sum()) > 10 and int(loses.sum()) > 10  # the positions hold both, not only quiet moves
+    assert 0 < int(mover.sum()) < 400  # both seats to move somewhere
+    outcome = env.move_outcome_fn(plies)(rec.obs[torch.arange(400), mover])
+    values = env.search.values(*env.search.bitboards(env.board, mover + 1), plies)
+    assert torch.equal(outcome, values.clamp_min(-1.0))
+    assert int((outcome > 0.5).sum()) > 10 and int((outcome[torch.isfinite(values)] < -0.5).sum()) > 10

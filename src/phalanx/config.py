@@ -99,9 +99,12 @@ class Config:
                       "(the env's mirror_actions), so that both are exactly symmetric")
     lookahead: bool = _f(False, "model=board: score each move by the net's reading of the board it makes (the env's "
                          "afterstates: deterministic board games), a one-move lookahead learned in self-play")
-    exact_outcomes: bool = _f(False, "model=board: play a move that wins at once where there is one, and none that lets "
-                              "the other side win at once where another move does not (the env's move outcomes: a "
-                              "board game's own rules two plies deep); the net chooses among the rest")
+    exact_outcomes: bool = _f(False, "model=board: play a move that forces a win where there is one (the soonest), and "
+                              "none that lets the other side force one where another move does not (the env's move outcomes: a "
+                              "board game's own rules outcome_plies deep); the net chooses among the rest")
+    outcome_plies: int = _f(2, "model=board with exact_outcomes: how many plies deep the game's outcomes are read "
+                               "(2: a win at once, a reply that wins; 4: also the double threats either side can make)",
+                            min=2, max=4)
     lstm_hidden: int = _f(128, "LSTM width (model=lstm)", positive=True)
     tf_width: int = _f(64, "transformer width (model=transformer; also the strategy encoder and role attention)", positive=True)
     tf_layers: int = _f(2, "transformer layers", positive=True)

@@ -135,8 +135,8 @@ class VecEnv:
     # of the position each of its actions leads to (a board game): `model: board` with `lookahead` scores each move
     # by the board it makes.
     has_afterstates: bool = False
-    # True where `move_outcome_fn` gives, from a slot's observation alone, which of its moves win at once and which
-    # let the other side win at once (a board game's rules two plies deep): `model: board` with `exact_outcomes`.
+    # True where `move_outcome_fn` gives, from a slot's observation alone, which of its moves force a win and which
+    # let the other side force one within a few plies (a board game's rules): `model: board` with `exact_outcomes`.
     has_move_outcomes: bool = False
 
     def reset(self, seed: int | None = None) -> StepRecord:
@@ -203,10 +203,11 @@ class VecEnv:
         forbids may give any board."""
         raise NotImplementedError(f"env '{self.name}' has no afterstates")
 
-    def move_outcome_fn(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        """Where `has_move_outcomes`: a function from observations [..., *obs_shape] of the slot to move to [..., n]:
-        +1 for a move that wins at once, -1 for one after which the other side has a move that wins at once, 0 for
-        the rest (and for a move the mask forbids). Pure tensor code that holds no env state, like `afterstate_fn`."""
+    def move_outcome_fn(self, plies: int = 2) -> Callable[[torch.Tensor], torch.Tensor]:
+        """Where `has_move_outcomes`: a function from observations [..., *obs_shape] of the slot to move to [..., n],
+        each move's outcome searched `plies` deep (the move the first): above 0.5 a win the mover can force (the
+        sooner, the larger, at most 1), below -0.5 a loss the other side can force (the later, the larger), 0 neither;
+        any value for a move the mask forbids. Pure tensor code that holds no env state, like `afterstate_fn`."""
         raise NotImplementedError(f"env '{self.name}' has no move outcomes")
 
     def turn_observations(self) -> list[tuple[int, Any]] | None:

@@ -14,11 +14,11 @@ head), so a move that completes a line, or leaves the other side one, is seen on
 inferred from the board before it; the value head reads the board itself. It costs a forward of n + 1 boards a
 decision (connect four: 8).
 
-`move_outcomes` (the env's `VecEnv.move_outcome_fn`: config key `exact_outcomes`) narrows the moves the policy
-chooses from by the game's own rules two plies deep: to the moves that win at once where there are any, else to those
-after which the other side cannot win at once where there are any. The net learns the rest: which of the safe moves
-is best, the tactics deeper than a reply. It is part of the policy (its snapshots and exports play by it), not of the
-game: the env's mask still allows every legal move.
+`move_outcomes` (the env's `VecEnv.move_outcome_fn`: config keys `exact_outcomes`, `outcome_plies`) narrows the
+moves the policy chooses from by the game's own rules a few plies deep: to the soonest forced wins where there are any,
+else to the moves after which the other side cannot force a win where there are any, else to the slowest losses. The
+net learns the rest: which of the safe moves is best, everything beyond the horizon. It is part of the policy (its
+snapshots play by it, `phalanx eval` plays it), not of the game: the env's mask still allows every legal move.
 
 `mirror_actions` (the env's `VecEnv.mirror_actions`: where each action goes when the board is reflected left to
 right) makes the policy and value exactly symmetric: the net runs on the board and on its reflection, and the
@@ -147,8 +147,10 @@ class BoardActorCritic(nn.Module):
             return mask
         outcome = self.move_outcomes(obs.to(self.stem.weight.dtype))
         allowed = torch.ones_like(outcome, dtype=torch.bool) if mask is None else mask
-        wins, safe = allowed & (outcome > 0), allowed & (outcome >= 0)
-        return torch.where(wins.any(-1, keepdim=True), wins, torch.where(safe.any(-1, keepdim=True), safe, allowed))
+        best = torch.where(allowed, outcome, -torch.inf).amax(-1, keepdim=True)
+        # A forced win: the soonest; none: every move that does not lose; only losses: the slowest.
+        floor = torch.where((best > 0.5) | (best < -0.5), best - 1e-4, -0.5)
+        return allowed & (outcome >= floor)
 
     def value(self, critic_in: torch.Tensor) -> torch.Tensor:
         """V per agent [..., A] from boards [..., A, H, W, P]."""

@@ -55,15 +55,13 @@ def afterstates(obs: torch.Tensor, rows: int, cols: int, gravity: bool) -> torch
     return obs.unsqueeze(-4) + torch.stack([piece, torch.zeros_like(piece)], -1)
 
 
-def move_outcomes(obs: torch.Tensor, search: LineSearch) -> torch.Tensor:
-    """Boards [..., rows, cols, 2] of the mover -> [..., n]: +1 for a legal move that completes a line, -1 for one
-    after which the other side can complete one, 0 otherwise (`VecEnv.move_outcome_fn`): `search`'s two plies, on
-    bitboards made from the planes."""
+def move_outcomes(obs: torch.Tensor, search: LineSearch, plies: int) -> torch.Tensor:
+    """Boards [..., rows, cols, 2] of the mover -> [..., n]: each move's outcome `plies` deep (`VecEnv.move_outcome_fn`:
+    `search`'s values, on bitboards made from the planes; -1 for a move the board forbids)."""
     cells = obs.reshape(-1, search.rows * search.cols, obs.shape[-1]) > 0.5
     mine, theirs = (torch.where(cells[..., p], search.cell_bits, 0).sum(-1) for p in (0, 1))
-    value = search.values(mine, theirs, 2)
-    outcome = torch.where(value > 0.5, 1.0, 0.0) - torch.where(torch.isfinite(value) & (value < -0.5), 1.0, 0.0)
-    return outcome.to(obs.dtype if obs.is_floating_point() else torch.float32).reshape(*obs.shape[:-3], -1)
+    value = search.values(mine, theirs, plies).clamp_min(-1.0)
+    return value.to(obs.dtype if obs.is_floating_point() else torch.float32).reshape(*obs.shape[:-3], -1)
 
 
 class LineGameEnv(VecEnv):
@@ -121,9 +119,9 @@ class LineGameEnv(VecEnv):
         """`afterstates` of this board (`VecEnv.afterstate_fn`)."""
         return functools.partial(afterstates, rows=self.rows, cols=self.cols, gravity=self.gravity)
 
-    def move_outcome_fn(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        """`move_outcomes` on this board (`VecEnv.move_outcome_fn`)."""
-        return functools.partial(move_outcomes, search=self.search)
+    def move_outcome_fn(self, plies: int = 2) -> Callable[[torch.Tensor], torch.Tensor]:
+        """`move_outcomes` on this board, `plies` deep (`VecEnv.move_outcome_fn`)."""
+        return functools.partial(move_outcomes, search=self.search, plies=plies)
 
     @classmethod
     def most_opening_plies(cls) -> int:
@@ -312,7 +310,7 @@ register(
         # The board read as an image, each move by the board it makes and the game's outcomes two plies deep, and a
         # league with the searchers: docs/EXPERIMENTS.md (issue 62) measures each lever alone.
         train_defaults={**GAME_DEFAULTS, "model": "board", "board_channels": 16, "board_blocks": 0, "lookahead": True,
-                        "exact_outcomes": True, "total_steps": 10_000_000, "env_options": {"opening_plies": 4},
+                        "exact_outcomes": True, "outcome_plies": 4, "total_steps": 10_000_000, "env_options": {"opening_plies": 4},
                         "opponents": "self_play:6,learner:2,random:1,tactics_1:1,tactics_2:2,tactics_3:2,tactics_4:2"},
     )
 )

@@ -66,6 +66,27 @@ class LineSearch:
             out |= line != 0
         return out
 
+    def winning_cells(self, pieces: torch.Tensor) -> torch.Tensor:
+        """The cells (bits) that would complete a line of k with `pieces`: for each line direction and each place the
+        cell could take in the line, the other k - 1 cells held. Off-board bits (the spare row, past the last column)
+        come out too; callers keep the playable cells only."""
+        out = torch.zeros_like(pieces)
+        for s in self.shifts:
+            for j in range(self.k):
+                line = torch.full_like(pieces, -1)
+                for i in range(self.k):
+                    if i != j:  # cell x + (i - j) * s held: bit x of pieces shifted back by that much
+                        d = (i - j) * s
+                        line = line & (pieces >> d if d > 0 else pieces << -d)
+                out |= line
+        return out
+
+    def playable(self, taken: torch.Tensor) -> torch.Tensor:
+        """The cells a move can fill next, given the `taken` ones."""
+        if self.gravity:
+            return (taken + self.bottom.sum()) & self.full  # each column's lowest free cell
+        return ~taken & self.full
+
     def play(self, mine: torch.Tensor, theirs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Every move from each position [M]: -> (the piece each move adds [M, n] int64, legal [M, n])."""
         taken = (mine | theirs).unsqueeze(1)
@@ -80,6 +101,8 @@ class LineSearch:
         +WIN - DECAY * (plies - 1) a win, the negation a loss, 0 neither within the horizon; -inf illegal."""
         piece, legal = self.play(mine, theirs)
         after = mine.unsqueeze(1) | piece
+        if depth == 2:
+            return self._two_plies(mine, theirs, piece, legal)
         won = self.won(after) & legal
         value = torch.where(won, WIN, 0.0)
         if depth > 1:
@@ -88,6 +111,21 @@ class LineSearch:
             best = reply.max(-1).values.view(legal.shape)
             best = torch.where(torch.isfinite(best), best, 0.0)
             value = torch.where(won | full, value, -(best - torch.sign(best) * DECAY))
+        return torch.where(legal, value, -torch.inf)
+
+    def _two_plies(self, mine: torch.Tensor, theirs: torch.Tensor, piece: torch.Tensor,
+                   legal: torch.Tensor) -> torch.Tensor:
+        """`values` at depth 2 without a tree (the leaves dominate a full-width search's cost): a move wins where its
+        piece is one of the mover's winning cells, and loses where one of the other side's winning cells is playable
+        after it (the cells playable before, less the piece, plus the cell above it). Positions hold no line yet."""
+        taken = mine | theirs
+        win = ((self.winning_cells(mine).unsqueeze(1) & piece) != 0) & legal
+        full = (taken.unsqueeze(1) | piece) == self.full
+        playable = self.playable(taken).unsqueeze(1) & ~piece
+        if self.gravity:
+            playable = playable | ((piece << 1) & self.full)
+        lose = (self.winning_cells(theirs).unsqueeze(1) & playable) != 0
+        value = torch.where(win, WIN, torch.where(full | ~lose, 0.0, -(WIN - DECAY)))
         return torch.where(legal, value, -torch.inf)
 
     def choose(self, board: torch.Tensor, mark: torch.Tensor, depth: int, draws: Source) -> torch.Tensor:
