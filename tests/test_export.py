@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -245,6 +246,36 @@ def test_export_refuses_what_it_cannot_write(trained, onnxruntime, monkeypatch, 
     assert "model 'mlp' on env 'cartpole'" in line and "cannot be exported to ONNX" in line
     assert line.count("an op the exporter cannot express") == 2  # the dynamo and the TorchScript exporter's reasons
     assert not (Path(run) / "export" / "policy.onnx").exists()
+
+
+def test_export_names_a_path_it_cannot_write_or_a_missing_checkpoint_before_exporting(trained, onnxruntime, monkeypatch,
+                                                                                      capsys, tmp_path):
+    """An --out under a file, in a read-only folder, or a --checkpoint that does not exist: the path and what is wrong
+    with it, in one line, before either exporter runs (they blamed the model, and a missing checkpoint its meta.json).
+    Issue 63, item 5: each assertion failed on main before."""
+    run = trained("mlp-cartpole")
+    ran = []
+    monkeypatch.setattr("phalanx.export._export_dynamo", lambda *a: ran.append("dynamo"))
+    monkeypatch.setattr("phalanx.export._export_torchscript", lambda *a: ran.append("torchscript"))
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    assert main(["export", str(run), "--out", str(blocker / "policy.onnx")]) == 2
+    line = one_error_line(capsys)
+    assert f"export path (--out) '{blocker / 'policy.onnx'}'" in line and f"its folder '{blocker}' is a file" in line
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if not os.access(locked, os.W_OK):  # root writes anywhere: the check cannot fail there
+            assert main(["export", str(run), "--out", str(locked / "policy.onnx")]) == 2
+            assert f"export path (--out) '{locked / 'policy.onnx'}': its folder '{locked}' is not writable" in one_error_line(capsys)
+    finally:
+        locked.chmod(0o700)
+    missing = run / "checkpoints" / "step_999"
+    assert main(["export", str(run), "--checkpoint", str(missing)]) == 2
+    line = one_error_line(capsys)
+    assert f"checkpoint '{missing}' does not exist" in line and "meta.json" not in line
+    assert ran == []
 
 
 def test_where_the_dynamo_exporter_fails_the_torchscript_one_writes_the_graph(trained, onnxruntime, monkeypatch, tmp_path):

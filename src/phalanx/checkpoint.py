@@ -157,6 +157,9 @@ def latest_checkpoint(run_dir: Path) -> Path:
 def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
     """Read and verify a checkpoint directory: (model tensors, state tensors, meta)."""
     path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint '{path}' does not exist" if not path.exists() else
+                              f"checkpoint '{path}' is a file; a checkpoint is a directory (RUN/checkpoints/step_...)")
     meta_path = path / "meta.json"
     try:
         meta = json.loads(meta_path.read_text())

@@ -45,6 +45,7 @@ from phalanx.envs.spaces import Box, Discrete, MultiDiscrete, Space
 from phalanx.episodes import env_ended
 from phalanx.errors import ConfigError, MissingExtraError, PhalanxError, one_line
 from phalanx.policy import Policy, load
+from phalanx.runs import check_writable_dir
 from phalanx.version import __version__
 
 EXTRA = "export"
@@ -248,6 +249,8 @@ def export_onnx(policy: Policy, path: str | Path, opset: int = DEFAULT_OPSET) ->
     path = Path(path)
     if path.suffix != ".onnx":
         raise ConfigError(f"export path (--out) must name a .onnx file; got '{path}'")
+    # A folder that cannot take the file is named before either exporter runs (they would be blamed for it).
+    check_writable_dir(path.parent, what=f"export path (--out) '{path}': its folder")
     path.parent.mkdir(parents=True, exist_ok=True)
     deployed = DeployedPolicy(policy)
     cfg = policy.config
