@@ -211,3 +211,18 @@ def test_each_label_names_where_the_value_came_from(layer):
             assert getattr(cfg, key) == spec.train_defaults[key] or key == "env_options", key
         else:
             assert label == "command line" and key in layer, key
+
+
+def test_a_python_caller_is_held_to_the_types_a_config_file_is():
+    """`phalanx.train(num_envs="8", anneal_lr="no")` was accepted (its text parsed as the command line's) where a
+    config file's "8" and "no" are refused: the same one line now, naming the key (issue 63; failed on main first)."""
+    from phalanx import train
+
+    for key, value, want in (("num_envs", "8", "int"), ("anneal_lr", "no", "bool"), ("hidden_sizes", "64,64", "list")):
+        with pytest.raises(ConfigError, match=f"config key '{key}' must be (a )?{want}.*got the text"):
+            train(env="cartpole", total_steps=64, **{key: value})
+        with pytest.raises(ConfigError, match=f"config key '{key}' must be"):
+            resolve({"env": "cartpole", key: value})
+    with pytest.raises(ConfigError, match="env option 'max_steps' of 'cartpole' must be int"):
+        resolve({"env": "cartpole", "env_options": {"max_steps": "30"}})
+    assert resolve({"env": "cartpole", "num_envs": 8, "anneal_lr": False}).num_envs == 8

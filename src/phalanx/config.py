@@ -303,35 +303,46 @@ def derive(given: Mapping[str, Any]) -> dict[str, tuple[Any, str]]:
     return out
 
 
+def parse_text_layer(layer: dict[str, Any]) -> dict[str, Any]:
+    """The command line's keys, their text read as each key's type (`--num-envs 8`, `--anneal-lr no`): what `resolve`
+    takes, as it takes a file's or a Python caller's typed values."""
+    out = {}
+    for key, value in layer.items():
+        key = key.replace("-", "_")
+        if key not in FIELDS:
+            raise ConfigError(f"unknown config key {key!r}; see `phalanx train --help` for the keys")
+        out[key] = value if key == "env_options" else _coerce(key, value)
+    return out
+
+
 def resolve(*layers: dict[str, Any] | None) -> Config:
-    """Merge override mappings (later wins) over the defaults, validating every key. A `FileLayer`'s values
-    must have their key's type; other layers' text is parsed (the command line's)."""
+    """Merge override mappings (later wins) over the defaults, validating every key. Every value must have its key's
+    type, as a file's and a Python caller's do (`phalanx.train(num_envs="8")` is refused as a file's "8" is); the
+    command line's text is read first (`parse_text_layer`). A `FileLayer` names its file in a refusal."""
     merged: dict[str, Any] = {}
     env_opts: dict[str, Any] = {}
-    file_env_opts: list[tuple[dict[str, Any], Path]] = []
+    typed_env_opts: list[tuple[dict[str, Any], str]] = []
     for layer in layers:
-        path = layer.path if isinstance(layer, FileLayer) else None
+        where = f" in '{layer.path}'" if isinstance(layer, FileLayer) else ""
         for key, value in (layer or {}).items():
             key = key.replace("-", "_")
             if key not in FIELDS:
                 raise ConfigError(f"unknown config key {key!r}; see `phalanx train --help` for the keys")
-            if path is not None:
-                value = coerce(value, _HINTS[key], f"config key '{key}' in '{path}'", parse_text=False)
+            value = coerce(value, _HINTS[key], f"config key '{key}'{where}", parse_text=False)
             if key == "env_options":
                 env_opts.update(_coerce(key, value))
-                if path is not None:
-                    file_env_opts.append((value, path))
+                typed_env_opts.append((value, where))
             else:
                 merged[key] = value
     env = merged.get("env", Config.env)
     if not isinstance(env, str):
         raise ConfigError(f"config key 'env' must be str, got {env!r}")
     registry.check_name(env)
-    types = registry.option_types(env) if file_env_opts else {}
-    for opts, path in file_env_opts:  # typed where the env declares the type; the registry refuses unknown ones
+    types = registry.option_types(env) if typed_env_opts else {}
+    for opts, where in typed_env_opts:  # typed where the env declares the type; the registry refuses unknown ones
         for key, value in opts.items():
             if key in types:
-                coerce(value, types[key], f"env option '{key}' of '{env}' in '{path}'", parse_text=False)
+                coerce(value, types[key], f"env option '{key}' of '{env}'{where}", parse_text=False)
     base = registry.train_defaults(env)
     env_opts = {**base.pop("env_options", {}), **env_opts}
     if "model" in base and merged.get("model", base["model"]) != base["model"]:

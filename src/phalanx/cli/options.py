@@ -8,6 +8,7 @@ from typing import Any
 import torch
 import yaml
 
+from phalanx.coerce import coerce
 from phalanx.envs import registry
 from phalanx.errors import ConfigError, PhalanxError
 
@@ -47,15 +48,20 @@ def refuse_unknown_options(env_name: str, env_opts: dict[str, Any], not_what: st
 
 def typed_env_options(env_name: str, env_opts: dict[str, str], not_what: str = "a config key") -> dict[str, Any]:
     """Env options from the command line: declared ones, and a plugin factory's that its signature types
-    (`registry.option_types`), as they are (the registry coerces them); the other keyword arguments of gym /
+    (`registry.option_types`), read as that type; the other keyword arguments of gym /
     pz constructors and plugin factories typed as YAML reads them (25 -> int), which the factory's
     signature (or the adapter) refuses where it does not take them."""
     s = registry.check_name(env_name)
-    if s is None or s.free_options:
-        typed = registry.option_types(env_name)
-        return {k: v if k in typed else yaml.safe_load(v) for k, v in env_opts.items()}
-    refuse_unknown_options(env_name, env_opts, not_what)
-    return env_opts
+    typed = registry.option_types(env_name)
+    if s is not None and not s.free_options:
+        refuse_unknown_options(env_name, env_opts, not_what)
+
+    def read(key: str, text: str) -> Any:  # the text as the option's type, as a config file would hold it
+        if key in typed:
+            return coerce(text, typed[key], f"env option '{key}' of '{env_name}'")
+        return text if s is not None and not s.free_options else yaml.safe_load(text)
+
+    return {k: read(k, v) for k, v in env_opts.items()}
 
 
 def duration(seconds: float) -> str:

@@ -17,7 +17,7 @@ from phalanx.cli.options import (
     parse_env_options,
     typed_env_options,
 )
-from phalanx.config import FIELDS, load_file, resolve, sources
+from phalanx.config import FIELDS, load_file, parse_text_layer, resolve, sources
 from phalanx.envs import make, registry
 from phalanx.envs.check import check_env
 from phalanx.logs import return_label
@@ -51,7 +51,7 @@ def print_config(file_layer: dict[str, Any], cli_layer: dict[str, Any]) -> int:
 
 
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
-    overrides = {k: v for k, v in vars(args).items() if k in FIELDS and v is not None}
+    overrides = parse_text_layer({k: v for k, v in vars(args).items() if k in FIELDS and v is not None})
     env_opts = parse_env_options(extra)
     layers: dict[str, Any] = load_file(args.config) if args.config else {}
     env_name = overrides.get("env", layers.get("env"))
