@@ -90,6 +90,17 @@ def test_envs_lists_spaces(capsys):
     assert "max_steps" in rows["cartpole"]["options"]
 
 
+def test_train_says_the_tensorboard_command_only_where_it_wrote_events(tmp_path, capsys):
+    """`--tensorboard false` printed the TensorBoard command for a run with no events (issue 63; failed on main)."""
+    for flag, said in (("false", False), ("true", True)):
+        run = tmp_path / flag
+        assert main(["train", "--env", "cartpole", "--total-steps", "256", "--num-envs", "8", "--num-steps", "16",
+                     "--progress", "false", "--tensorboard", flag, "--run-dir", str(run)]) == 0
+        out = capsys.readouterr().out
+        assert ("tensorboard --logdir" in out) == said, out
+        assert (run / "tb").is_dir() == said
+
+
 def test_train_eval_plot_end_to_end(tmp_path, capsys):
     run = tmp_path / "run"
     code = main(["train", "--env", "cartpole", "--total-steps", "512", "--num-envs", "8", "--num-steps", "16",

@@ -68,7 +68,8 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
         result = train(layers or None, resume=args.resume, overwrite=args.overwrite, **overrides)
         m = result.metrics
         print(f"run directory:  {result.run_dir}")
-        print(f"tensorboard:    tensorboard --logdir {result.run_dir / 'tb'}")
+        if result.config.tensorboard:
+            print(f"tensorboard:    tensorboard --logdir {result.run_dir / 'tb'}")
         # In a terminal the prompt comes back before the plot is drawn; a script reading the output gets the
         # file before the command returns.
         if sys.stdout.isatty():
