@@ -108,6 +108,16 @@ class Float64Obs(GoodEnv):
         return super().obs().double()
 
 
+class GymnasiumSpace(GoodEnv):
+    """A gymnasium Box where a phalanx.envs one belongs: both classes are called Box."""
+
+    def __init__(self, *args, **kwargs):
+        import gymnasium
+
+        super().__init__(*args, **kwargs)
+        self.observation_space = gymnasium.spaces.Box(-1.0, 1.0, (2,))
+
+
 class MissingRoles(GoodEnv):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -319,6 +329,8 @@ BROKEN = {
     "float_terminated": (FloatTerminated, "step() record.terminated must be bool; got float32"),
     "gym_tuple": (GymTuple, "step() must return a phalanx.envs.StepRecord; got tuple (a gym-style tuple?"),
     "float64_obs": (Float64Obs, "reset() record.obs must be float32; got float64"),
+    "gymnasium_space": (GymnasiumSpace, "observation_space must be a phalanx.envs space (Box); got gymnasium.spaces.box.Box "
+                                        "(gymnasium's: make it phalanx.envs.Box"),
     "missing_roles": (MissingRoles, "roles must be a long tensor [num_agents] of role indices"),
     "no_state_dict": (NoStateDict, "state_dict() is not implemented"),
     "capturable_without_step_state": (CapturableWithoutStepState, "step_state() is not implemented: a capturable env names"),

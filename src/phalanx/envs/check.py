@@ -46,7 +46,11 @@ def check_attributes(env: VecEnv) -> None:
         space = getattr(env, name, None)
         if not isinstance(space, kinds):
             allowed = ", ".join(k.__name__ for k in kinds)
-            raise _fail(env, f"{name} must be one of {allowed} (phalanx.envs); got {type(space).__name__}")
+            kind = type(space)
+            # gymnasium's spaces share our classes' names: say whose it is, and which of ours to use.
+            hint = (f" (gymnasium's: make it phalanx.envs.{kind.__name__}, or train the gymnasium env through `gym:`)"
+                    if kind.__module__.startswith(("gymnasium", "gym.")) else "")
+            raise _fail(env, f"{name} must be a phalanx.envs space ({allowed}); got {kind.__module__}.{kind.__qualname__}{hint}")
     if env.observation_space.dtype not in (torch.float32, torch.uint8):
         raise _fail(env, f"observation_space.dtype must be float32 or uint8; got {_dt(env.observation_space.dtype)}")
     if env.state_space is not None and not isinstance(env.state_space, Box):
