@@ -128,3 +128,42 @@ def test_eval_vs_a_callable_plays_both_seats_from_the_command_line(tmp_path, cap
         assert main(["eval", run, "--vs", bad, "--episodes", "2"]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and message in err and "Traceback" not in err, err
+
+
+def test_eval_vs_a_snapshot_beside_an_outside_player_plays_both_seats(tmp_path, capsys):
+    """`--vs snapshot:LATEST,module:callable` on a game was refused ("unknown opponent 'snapshot:LATEST' ...; allowed:
+    random, ..., random, snapshot:LATEST") where either alone played: now both are met from each seat, and an unknown
+    name lists each allowed name once (issue 63; failed on main first)."""
+    import json
+
+    run = str(tmp_path / "run")
+    assert main(["train", "--env", "tictactoe", "--total-steps", "2048", "--num-envs", "8", "--num-steps", "32",
+                 "--opponents", "self_play:1", "--pool-size", "2", "--run-dir", run, "--progress", "false",
+                 "--tensorboard", "false"]) == 0
+    capsys.readouterr()
+    assert main(["eval", run, "--vs", "snapshot:LATEST,bench.games.tictactoe:act", "--episodes", "6", "--json"]) == 0
+    table = json.loads(capsys.readouterr().out)["vs"]
+    snapshot = next(name for name in table if name.startswith("snapshot_"))
+    assert table[snapshot]["first"]["episodes"] == table[snapshot]["second"]["episodes"] == 6
+    assert table["bench.games.tictactoe:act"]["first"]["episodes"] == 6
+    assert main(["eval", run, "--vs", "nobody", "--episodes", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    allowed = err.split("allowed: ", 1)[1]
+    names = [n.strip() for n in allowed.replace(" or ", ", ").split(",")]
+    assert len(names) == len(set(names)), err
+
+
+def test_league_lists_the_learners_seat_ratings_as_the_learner(tmp_path, capsys):
+    """`phalanx league RUN` listed `learner@first` / `learner@second` (the learner rated per seat) as "retired"
+    (issue 63; failed on main first)."""
+    import json
+
+    run = str(tmp_path / "run")
+    assert main(["train", "--env", "tictactoe", "--total-steps", "2048", "--num-envs", "8", "--num-steps", "32",
+                 "--opponents", "self_play:1,random:1", "--run-dir", run, "--progress", "false",
+                 "--tensorboard", "false"]) == 0
+    capsys.readouterr()
+    assert main(["league", run, "--json"]) == 0
+    status = {r["name"]: r["status"] for r in json.loads(capsys.readouterr().out)["ratings"]}
+    assert status["learner@first"] == status["learner@second"] == "learner seat", status
+    assert status["learner"] == "learner" and status["random"] == "scripted"

@@ -54,8 +54,9 @@ def evaluate_policy(
     if opponent is not None:
         side = opponent_slots(env.num_agents, env.device)
         if isinstance(opponent, str) and opponent != "random" and opponent not in env.scripted_names:
-            raise ConfigError(f"unknown opponent '{opponent}' for env '{env_name}'; allowed: random, "
-                              f"{', '.join(env.scripted_names)}, snapshot:LATEST or snapshot:NAME")
+            named = ", ".join(dict.fromkeys(("random", *env.scripted_names)))
+            raise ConfigError(f"unknown opponent '{opponent}' for env '{env_name}'; allowed: {named}, snapshot:LATEST or "
+                              "snapshot:NAME")
     mates = Teammates(parse_teammates(teammates, env), env, env.device) if teammates and isinstance(policy, Policy) else None
     lineup = Lineup(env, policy, mates, opponent, side, opponent_greedy)
     gen = torch.Generator(device=env.device)

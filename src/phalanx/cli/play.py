@@ -54,8 +54,7 @@ def cmd_eval(args: argparse.Namespace, extra: list[str] | None = None) -> int:
             print(f"its moves: {info['moves']} (result: {result})", file=sys.stderr)
     names = [v.strip() for v in (args.vs or "").split(",") if v.strip()]
     # In a turn-based game the first mover is the first seat: every opponent is met from both (draws counted).
-    if any(is_outside_name(n) for n in names) or (names and _turn_based(cfg)
-                                                  and not any(n.startswith("snapshot:") for n in names)):
+    if any(is_outside_name(n) for n in names) or (names and _turn_based(cfg)):
         return _eval_seats(args, policy, names, common)
     res = evaluate_policy(policy, cfg.env, greedy=not args.sample, teammates=cfg.teammates, **common)
     other_mode = "greedy_play" if args.sample else "sampled_play"
@@ -136,8 +135,13 @@ def _eval_seats(args: argparse.Namespace, policy: Any, names: list[str], common:
     """`--vs` naming players written outside Phalanx (module:callable), or any players of a turn-based game: the policy
     against each --vs player from each seat; an outside player's illegal moves are counted, not played."""
     cfg = policy.config
-    table = {name: evaluate_seats(policy, cfg.env, outside_player(name) if is_outside_name(name) else name,
-                                  greedy=not args.sample, **common) for name in names}
+    table = {}
+    for name in names:
+        if name.startswith("snapshot:"):
+            name, opponent = _snapshot(name, Path(args.run_dir), policy)
+        else:
+            opponent = outside_player(name) if is_outside_name(name) else name
+        table[name] = evaluate_seats(policy, cfg.env, opponent, greedy=not args.sample, **common)
     if args.json:
         print(json.dumps({"vs": table}))
         return 0
@@ -156,24 +160,30 @@ def _eval_seats(args: argparse.Namespace, policy: Any, names: list[str], common:
     return 0
 
 
+def _snapshot(name: str, run_dir: Path, policy: Any) -> tuple[str, Any]:
+    """`snapshot:NAME` or `snapshot:LATEST` of a league run -> (the snapshot's name, its policy)."""
+    want = name.split(":", 1)[1]
+    if want == "LATEST":
+        league_path = run_dir / LEAGUE_FILE
+        state = json.loads(league_path.read_text()) if league_path.is_file() else {}
+        snapshots = sorted((o["step"], o["name"]) for o in state.get("opponents", []) if o["kind"] == "snapshot")
+        if not snapshots:
+            raise PhalanxError(f"run '{run_dir}' has no league snapshots for '{name}'")
+        want = snapshots[-1][1]
+    return want, load_snapshot(run_dir, want, policy)
+
+
 def _eval_head_to_head(args: argparse.Namespace, policy: Any, common: dict[str, Any]) -> int:
     """A league run: the learner against each --vs opponent; the games also update the ratings."""
 
     cfg, run_dir = policy.config, Path(args.run_dir)
     league_path = run_dir / LEAGUE_FILE
     state = json.loads(league_path.read_text()) if league_path.is_file() else None
-    snapshots = sorted((o["step"], o["name"]) for o in (state or {}).get("opponents", []) if o["kind"] == "snapshot")
     table: dict[str, Any] = {}
     for name in [v.strip() for v in args.vs.split(",") if v.strip()]:
         opponent: Any = name
         if name.startswith("snapshot:"):
-            want = name.split(":", 1)[1]
-            if want == "LATEST":
-                if not snapshots:
-                    raise PhalanxError(f"run '{run_dir}' has no league snapshots for '{name}'")
-                want = snapshots[-1][1]
-            opponent = load_snapshot(run_dir, want, policy)
-            name = want
+            name, opponent = _snapshot(name, run_dir, policy)
         table[name] = r = evaluate_policy(policy, cfg.env, greedy=not args.sample, opponent=opponent, **common)
         if state is not None and name != "random" and "wins" in r:
             ratings = Ratings.from_json(state["ratings"])
@@ -219,16 +229,16 @@ def cmd_league(args: argparse.Namespace) -> int:
     pool = {o["name"]: o for o in state["opponents"]}
     for r in rows:
         o = pool.get(r["name"])
-        r["status"] = "learner" if r["name"] == "learner" else (
+        r["status"] = "learner" if r["name"] == "learner" else "learner seat" if r["name"].startswith("learner@") else (
             "scripted" if o and o["kind"] == "scripted" else "frozen" if o and o["kind"] == "frozen" else
             "pinned" if o and o["pinned"] else "pool" if o and not o["retired"] else "retired")
     if args.json:
         print(json.dumps({"step": state["step"], "ratings": rows}))
         return 0
     print(f"league of {run_dir} at step {state['step']:,} (rating = mu - 3 sigma, OpenSkill Plackett-Luce)")
-    print(f"{'name':<26}{'status':>9}{'rating':>9}{'mu':>8}{'sigma':>8}{'games':>8}{'learner win rate vs it':>24}")
+    print(f"{'name':<26}{'status':>14}{'rating':>9}{'mu':>8}{'sigma':>8}{'games':>8}{'learner win rate vs it':>24}")
     for r in rows:
         wr = "" if r["learner_win_rate"] is None else f"{r['learner_win_rate']:.2f}"
-        print(f"{r['name']:<26}{r['status']:>9}{r['rating']:>9.2f}{r['mu']:>8.2f}{r['sigma']:>8.2f}{r['games']:>8}{wr:>24}")
+        print(f"{r['name']:<26}{r['status']:>14}{r['rating']:>9.2f}{r['mu']:>8.2f}{r['sigma']:>8.2f}{r['games']:>8}{wr:>24}")
     return 0
 
