@@ -124,3 +124,26 @@ def test_a_parallel_pettingzoo_env_records_to_its_last_frame(tmp_path):
     assert not (tmp_path / "spread.moves.tsv").exists()
     frames = gif_frames(gif)  # the GIF merges equal frames in a row (MPE's first step moves nobody)
     assert not np.array_equal(frames[-1], frames[-2])
+
+
+@pytest.mark.parametrize("env_name", ["tictactoe", TICTACTOE])
+def test_eval_records_the_game_against_the_vs_player_and_says_the_learners_return(env_name, tmp_path, capsys):
+    """`--record` with `--vs module:callable` ended in a KeyError traceback on a built-in game and recorded the learner
+    against itself on a `pz:` one, and the "return" it printed summed only the mover's rewards (1.00 for a game the
+    recorded player lost). Now the first --vs player is the recorded opponent, named, and the return is the learner's
+    side's, as the moves file's result says (issue 63; failed on main first)."""
+    run = tmp_path / "run"
+    size = ["--screen-height", str(SIDE)] if env_name == TICTACTOE else []
+    assert main(["train", "--env", env_name, *size, "--total-steps", "64", "--num-envs", "2", "--num-steps", "32",
+                 "--run-dir", str(run), "--progress", "false", "--tensorboard", "false"]) == 0
+    capsys.readouterr()
+    gif = tmp_path / "game.gif"
+    assert main(["eval", str(run), "--episodes", "1", "--vs", "bench.games.tictactoe:act", "--record", str(gif)]) == 0
+    err = capsys.readouterr().err
+    assert gif.is_file() and "against bench.games.tictactoe:act" in err, err
+    rows = read_moves(tmp_path / "game.moves.tsv")
+    learner_seat = rows[0]["agent"]  # the learner takes the first seat in a recording
+    result = {name: float(r) for name, r in (part.rsplit(" ", 1) for part in
+                                              err.split("(result: ", 1)[1].split(")", 1)[0].split(", "))}
+    assert result[learner_seat] <= 0  # an untrained policy never beats perfect play
+    assert f"return {result[learner_seat]:.2f}" in err, err

@@ -92,7 +92,8 @@ def record_episode(policy: Player, env_name: str, path: str | Path, env_options:
                    greedy: bool = True, seed: int = 12345, max_steps: int = 3000, fps: int = 15,
                    opponent: Player = None, device: str | torch.device = "cpu") -> dict[str, Any]:
     """Play env 0's first episode with `policy` (a `Policy`, a scripted name, or None for random;
-    `opponent` plays the opponent's side as in `evaluate_policy`) and write every frame to `path`.
+    `opponent` plays the opponent's side as in `evaluate_policy`) and write every frame to `path`; "return": the
+    recorded player's side's rewards (all slots where there is no opponent).
     A turn-based env's frames are captioned and its moves written to `path` with `MOVES_SUFFIX` for its suffix
     (-> "moves": that path; "result": each player's return)."""
     path = Path(path)
@@ -102,7 +103,11 @@ def record_episode(policy: Player, env_name: str, path: str | Path, env_options:
     env = make(env_name, num_envs=1, device=device, seed=seed, **(env_options or {}))
     if not env.renders:
         raise PhalanxError(f"env '{env_name}' cannot render, so it cannot be recorded")
-    lineup = Lineup(env, policy, opponent=opponent, side=opponent_slots(env.num_agents, env.device) if opponent is not None else None)
+    side = opponent_slots(env.num_agents, env.device) if opponent is not None else None
+    lineup = Lineup(env, policy, opponent=opponent, side=side)
+    # The recorded player's side: every slot but the opponent's. Its rewards are summed whoever moved (a game's loss
+    # reaches the loser on the winner's move).
+    own = torch.ones(env.num_agents, dtype=torch.bool, device=env.device) if side is None else ~side
     gen = torch.Generator(device=env.device)
     gen.manual_seed(seed)
     first = env.reset(seed=seed)
@@ -113,7 +118,7 @@ def record_episode(policy: Player, env_name: str, path: str | Path, env_options:
     truncated, last = False, None
     for before, played, rec in play_steps(lineup, env, first, gen, greedy, max_steps):
         steps += 1
-        total += float((rec.reward * before.active).sum())
+        total += float((rec.reward[0] * own).sum())
         if env.turn_based:
             seat = int(before.active[0].nonzero()[0])
             movers.append(seat)

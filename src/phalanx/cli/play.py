@@ -41,14 +41,19 @@ def cmd_eval(args: argparse.Namespace, extra: list[str] | None = None) -> int:
         cfg = dataclasses.replace(cfg, env_options=played)
     common = dict(env_options=cfg.env_options, episodes=args.episodes, seed=args.seed, device=policy.device)
     if args.record:
-        opponent = None
-        if cfg.opponents:  # a league run: the first --vs opponent, else the env's first scripted one
-            names = [v.strip() for v in (args.vs or "").split(",") if v.strip()]
-            opponent = names[0] if names else "random"
+        # The first --vs player is the recorded opponent; a league run without --vs meets random play.
+        names = [v.strip() for v in (args.vs or "").split(",") if v.strip()]
+        label = names[0] if names else "random" if cfg.opponents else None
+        opponent: Any = label
+        if label is not None and label.startswith("snapshot:"):
+            label, opponent = _snapshot(label, Path(args.run_dir), policy)
+        elif label is not None and is_outside_name(label):
+            opponent = outside_player(label)
         info = record_episode(policy, cfg.env, args.record, cfg.env_options, greedy=not args.sample, seed=args.seed,
                               opponent=opponent, device=policy.device)
-        print(f"recorded {info['steps']} steps ({info['frames']} frames, return {info['return']:.2f}) to {info['path']}",
-              file=sys.stderr)
+        against = f" against {label}: the learner's return {info['return']:.2f}" if label else \
+            f", return {info['return']:.2f}"
+        print(f"recorded {info['steps']} steps ({info['frames']} frames) to {info['path']}{against}", file=sys.stderr)
         if "moves" in info:  # a turn-based game: who played what, move by move
             result = ", ".join(f"{name} {r:+g}" for name, r in info["result"].items())
             print(f"its moves: {info['moves']} (result: {result})", file=sys.stderr)
