@@ -7,7 +7,8 @@ highest allowed action (per head). Episodes last 4 steps. `space`: "discrete" (D
 them). `defect` breaks one rule of the mask contract: "shape" (one entry too many), "dtype" (uint8),
 "empty" (env 0, slot 1 allowed nothing, or nothing on its second head, from the second step on),
 "refuses" (action 0 refused even where the mask allows it), "undeclared" (masks without `action_masks = True`),
-"missing" (`action_masks = True` and no mask).
+"missing" (`action_masks = True` and no mask), "missing_later" and "empty_later" (no mask, or "empty"'s, from the
+5th step after a reset on: a contract broken mid-run, after the trainer's first checks; these envs take any action).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class MaskedPick(VecEnv):
         self.roles = self.default_roles()
         self._seed_generator(seed)
         self.stepped = False
+        self.steps = 0
         self.t = torch.zeros(num_envs, dtype=torch.long, device=self.device)
         self.mask = torch.ones(num_envs, 2, self.width, dtype=torch.bool, device=self.device)
 
@@ -51,7 +53,7 @@ class MaskedPick(VecEnv):
         n = self.num_envs
         obs = self.mask.float()
         mask = self.mask.clone()
-        if self.defect == "empty" and self.stepped:
+        if (self.defect == "empty" and self.stepped) or (self.defect == "empty_later" and self.steps >= 5):
             mask[0, 1, 0 if len(self.heads) == 1 else self.heads[0]:] = False
         if self.defect == "shape":
             mask = torch.cat([mask, torch.ones(n, 2, 1, dtype=torch.bool, device=self.device)], -1)
@@ -61,11 +63,14 @@ class MaskedPick(VecEnv):
         false = torch.zeros(n, 2, dtype=torch.bool, device=self.device)
         return StepRecord(obs=obs, reward=reward, terminated=false, truncated=ended.clone(), active=~false,
                           trial_end=false.clone(), final_obs=obs if final_obs is None else final_obs,
-                          info={"episode_length": done.float() * 4}, action_mask=None if self.defect == "missing" else mask)
+                          info={"episode_length": done.float() * 4},
+                          action_mask=None if self.defect == "missing" or (self.defect == "missing_later" and self.steps >= 5)
+                          else mask)
 
     def reset(self, seed: int | None = None) -> StepRecord:
         self._seed_generator(seed)
         self.stepped = False
+        self.steps = 0
         self.t.zero_()
         self._draw_mask()
         return self._record(torch.zeros(self.num_envs, 2, device=self.device), torch.zeros(self.num_envs, dtype=torch.bool))
@@ -78,13 +83,14 @@ class MaskedPick(VecEnv):
             picks = actions.reshape(self.num_envs, 2, -1)
             starts = torch.tensor([0, *self.heads[:-1]], device=self.device).cumsum(0)
             allowed = self.mask.gather(-1, picks + starts)
-            if not bool(allowed.all()):
+            if not bool(allowed.all()) and not self.defect.endswith("_later"):  # those envs do not refuse
                 raise ActionError(f"an action the mask forbids: {picks[~allowed.all(-1)].tolist()}")
             if self.defect == "refuses" and bool((picks == 0).any()):
                 raise ActionError("action 0 refused")
             best = torch.stack([m.int().cumsum(-1).argmax(-1) for m in self.mask.split(self.heads, -1)], -1)
             reward = (picks == best).float().mean(-1)
         self.stepped = True
+        self.steps += 1
         self.t += 1
         done = self.t >= 4
         before = self.mask.float()

@@ -112,3 +112,22 @@ def test_resume_of_a_masked_run_is_bit_identical(tmp_path):
     phalanx.train(resume=tmp_path / "part")  # before the fix: ActionError, a forbidden action after the resume
     a, b = (load_file(str(ckpt.latest_checkpoint(tmp_path / r) / "model.safetensors")) for r in ("full", "part"))
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("defect,message", [
+    ("empty_later", "returned an action mask that allows no action to a slot: first at rollout step 4 of update 1 (env "
+                    "copy 0, slot 1)"),
+    ("missing_later", "declares action_masks but its step returned action_mask=None at rollout step 4 of update 1"),
+])
+def test_a_mask_that_breaks_the_contract_mid_run_stops_training_in_one_line(defect, message, tmp_path, capsys):
+    """An env declaring action_masks whose step later returns no mask, or a row that allows nothing to a slot that
+    acts, trained to exit 0 (the update scored those actions under the buffer's all-forbidden zeros). Now the run
+    stops before any update trains on it, in one line naming the step and the slot, exit 2 (issue 63; failed on main)."""
+    from phalanx.cli import main
+
+    run = tmp_path / "run"
+    assert main(["train", "--env", "mask_envs:make", "--defect", defect, "--num-envs", "4", "--num-steps", "8",
+                 "--total-steps", "64", "--run-dir", str(run), "--progress", "false", "--tensorboard", "false"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err and "Traceback" not in err, err
+    assert not (run / "checkpoints").exists() or not any((run / "checkpoints").iterdir())  # nothing trained, nothing kept

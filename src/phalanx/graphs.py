@@ -26,7 +26,7 @@ import torch
 from phalanx.algo.ppo import PPOBatch
 from phalanx.checkpoint import section
 from phalanx.errors import ConfigError
-from phalanx.rollout import Rollout, Steps
+from phalanx.rollout import UNSET_STATS, Rollout, Steps
 from phalanx.run_state import load_step_state, step_state
 
 
@@ -227,9 +227,8 @@ class CapturedSteps(Steps):
         if r.league is not None and self.graph is not None and self.layout != r.league.layout:
             self.forget()  # the league's bank grew: record the step again
         if self.graphed and self.stats is not None:  # a CUDA graph adds into the tensors it was recorded with
-            for v in self.stats.values():
-                v.zero_()
-            self.stats["env_first_bad_step"].fill_(-1.0)
+            for k, v in self.stats.items():
+                v.fill_(-1.0 if k in UNSET_STATS else 0.0)
             return self.stats
         stats = r.new_stats()
         if self.graphed:

@@ -43,6 +43,10 @@ def _read_finite(x: torch.Tensor) -> bool:
     return math.isfinite(x.sum())
 
 
+# Statistics that start at -1 (none yet) in every collect: where a fault was first seen.
+UNSET_STATS = ("env_first_bad_step", "mask_missing_step", "mask_empty_step", "mask_empty_where")
+
+
 class Rollout:
     """Collects `num_steps` of every env on the device; reads nothing back to the host (on CPU, the
     rows truncated at a step are selected, which costs nothing there)."""
@@ -170,10 +174,11 @@ class Rollout:
         return stats
 
     def new_stats(self) -> dict[str, torch.Tensor]:
-        """A collect's episode statistics, zero (`env_first_bad_step` -1: none yet)."""
+        """A collect's episode statistics, zero (`UNSET_STATS` -1: none yet)."""
         zero = lambda: torch.zeros((), device=self.device)  # noqa: E731
         stats = {"ep_return_sum": zero(), "ep_length_sum": zero(), "episodes": zero(), "team_return_sum": zero(),
-                 "team_episodes": zero(), "env_nonfinite": zero(), "env_first_bad_step": torch.full((), -1.0, device=self.device)}
+                 "team_episodes": zero(), "env_nonfinite": zero()}
+        stats.update({k: torch.full((), -1.0, device=self.device) for k in UNSET_STATS})
         # The env's info keys, known from its first step, so a captured step sees the same dict every time.
         stats.update({f"info_{k}": zero() for k in self.info_keys})
         return stats
@@ -224,6 +229,8 @@ class Rollout:
         prev_active, prev_quiet = rec.active, rec.quiet
         with self.timer.phase("env_step"):
             rec = self._checked(self.env.step(model.head.to_env(action)), t, stats)
+        if self.env.action_masks:
+            self._check_mask(rec, t, stats)
         next_n = self.obs_in(rec.obs, fold=rec.active & learner if self.norms.obs is not None else None)
         reward = rec.reward
         # A quiet record's flags are all false (StepRecord.quiet): nothing ended, nothing was truncated.
@@ -305,6 +312,21 @@ class Rollout:
                                       obs=rec.obs if image else zero(rec.obs),
                                       final_obs=rec.final_obs if image else zero(rec.final_obs))
         return rec
+
+    def _check_mask(self, rec: StepRecord, t: int | torch.Tensor, stats: dict[str, torch.Tensor]) -> None:
+        """The mask contract mid-run (`check_env` saw the first step only): a record without a mask, or a slot whose
+        mask allows nothing, is noted in `stats` (the first step and copy x slot; `Trainer` reads them after the
+        collect, before any update trains on such a step)."""
+        step = t if isinstance(t, int) else t.squeeze(0)
+        if rec.action_mask is None:
+            missing = stats["mask_missing_step"]
+            missing.copy_(torch.where(missing < 0, step, missing))
+            return
+        empty = self.env.action_space.allows_nothing(rec.action_mask).flatten()
+        first, where = stats["mask_empty_step"], stats["mask_empty_where"]
+        fresh = (first < 0) & empty.any()
+        where.copy_(torch.where(fresh, empty.float().argmax().float(), where))
+        first.copy_(torch.where(fresh, step, first))
 
     def _learner_mean(self, v: torch.Tensor) -> torch.Tensor:
         """An info value per env [N]: per-slot values [N, A] averaged over the learner's slots."""

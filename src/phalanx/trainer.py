@@ -25,7 +25,7 @@ from phalanx.build import build_run
 from phalanx.config import Config, load_file, params_of, resolve
 from phalanx.distributed import Dist
 from phalanx.envs import registry
-from phalanx.errors import ConfigError, NonFiniteEnvError, NonFiniteLossError, Stopped, StorageError
+from phalanx.errors import ConfigError, EnvContractError, NonFiniteEnvError, NonFiniteLossError, Stopped, StorageError
 from phalanx.evaluate import evaluate_policy
 from phalanx.logs import Progress, RunLog, grad_clip_hint, summary_row, value_clip_hint
 from phalanx.policy import Policy
@@ -134,6 +134,8 @@ class Trainer:
             if crash is None:
                 raise
             raise crash from None
+        if self.env.action_masks:
+            self._check_masks(stats)
         self.global_step += self.steps_per_update
         if self.dist.enabled:  # pooled statistics keep the ranks' normalisers identical
             self.dist.pool_stats(self.norms.obs)
@@ -143,6 +145,22 @@ class Trainer:
             self.dist.pool_stats(self.norms.value)
         self.update_idx += 1
         return self._summarise(metrics, stats, time.perf_counter() - t0)
+
+    def _check_masks(self, stats: dict[str, torch.Tensor]) -> None:
+        """Stop, before the update trains on them, at a rollout step whose record had no mask, or a mask that allowed
+        a slot nothing (the update would score those actions under the buffer's all-forbidden zeros): one host read
+        an update, for envs that declare action_masks."""
+        missing, empty, where = (int(v) for v in torch.stack(
+            [stats.pop(k) for k in ("mask_missing_step", "mask_empty_step", "mask_empty_where")]).tolist())
+        at = f"at rollout step {{}} of update {self.update_idx + 1}"
+        if missing >= 0:
+            raise EnvContractError(f"env '{self.cfg.env}' declares action_masks but its step returned action_mask=None "
+                                   f"{at.format(missing)}; every record must hold the mask (all True where nothing is "
+                                   "forbidden); nothing was trained on it")
+        if empty >= 0:
+            raise EnvContractError(f"env '{self.cfg.env}' returned an action mask that allows no action to a slot: first "
+                                   f"{at.format(empty)} (env copy {where // self.A}, slot {where % self.A}); a mask must "
+                                   "leave every slot at least one action (per head); nothing was trained on it")
 
     @property
     def num_updates(self) -> int:
@@ -254,6 +272,8 @@ class Trainer:
         values = dict(zip(list(metrics) + list(stats), torch.cat([means, sums]).tolist()))  # the one host read
         nonfinite = values.pop("nonfinite")
         env_bad, first_bad = values.pop("env_nonfinite"), values.pop("env_first_bad_step")
+        for key in ("mask_missing_step", "mask_empty_step", "mask_empty_where"):  # read by _check_masks where masked
+            values.pop(key, None)
         row = summary_row(self.global_step, self.update_idx, values, self.A, self.env.success_key)
         if "episode_return" in row:
             self.recent_returns = (self.recent_returns + [row["episode_return"]])[-10:]
