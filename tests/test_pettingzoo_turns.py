@@ -215,3 +215,16 @@ def test_turn_observations_give_players_pettingzoos_own_dicts():
             assert rec.action_mask[i, slot].tolist() == seen["action_mask"].astype(bool).tolist()
             actions[i, slot] = int(np.flatnonzero(seen["action_mask"])[-1])  # the rightmost open column
         rec = env.step(actions)
+
+
+def test_a_game_with_boolean_planes_loads_as_zero_one_floats(capsys):
+    """PettingZoo's go_v5 (and chess_v6) declare bool Box observations; check-env failed on them with a line naming
+    neither the env nor the space ("Box low must be ... not bool"). They load as 0 / 1 floats (issue 63; failed on
+    main first)."""
+    name = "pz:pettingzoo.classic.go_v5:env"
+    env = make(name, num_envs=2, board_size=5)
+    assert env.observation_space.dtype == torch.float32 and tuple(env.observation_space.shape) == (5, 5, 17)
+    rec = env.reset(seed=0)
+    assert rec.obs.dtype == torch.float32 and set(rec.obs.unique().tolist()) <= {0.0, 1.0}
+    check_env(make(name, num_envs=2, board_size=5), steps=16)
+    assert main(["check-env", name, "--board-size", "5", "--steps", "8"]) == 0

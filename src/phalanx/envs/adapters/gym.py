@@ -29,6 +29,8 @@ def _map_obs_space(space: Any) -> tuple[Space, bool]:
     from gymnasium import spaces as gs
 
     if isinstance(space, gs.Box):
+        if np.dtype(space.dtype) == np.bool_:  # PettingZoo's chess and go: boolean planes, observed as 0 / 1 floats
+            return Box(space.low.astype(np.float32), space.high.astype(np.float32), space.shape), False
         return Box(space.low, space.high, space.shape, _torch_dtype(space.dtype)), False
     # Discrete, Dict, Tuple, MultiBinary, ...: one flat float vector (Discrete becomes one-hot).
     flat = gs.flatten_space(space)

@@ -115,7 +115,10 @@ class PettingZooVecEnv(VecEnv):
 
         spaces = list(self._obs_spaces.values())
         if all(sp == spaces[0] for sp in spaces[1:]):
-            space, flatten = _map_obs_space(spaces[0])
+            try:
+                space, flatten = _map_obs_space(spaces[0])
+            except ConfigError as e:  # the space's own complaint, with the env and the space it is about
+                raise ConfigError(f"env 'pz:{rest}': its observation space {spaces[0]} cannot be read: {e}") from None
             if space.dtype not in (torch.float32, torch.uint8):  # int8 boards (PettingZoo's classic games): floats
                 space = Box(space.low_tensor(), space.high_tensor(), space.shape)
             return space, flatten
