@@ -154,5 +154,5 @@ def test_an_outside_league_opponent_that_raises_ends_the_run_in_one_line(tmp_pat
                  "--tensorboard", "false"])
     err = capsys.readouterr().err
     assert code == 2, err
-    assert "config key 'opponents' test_seats:crashes_on_its_third_move raised on env copy" in err
+    assert "opponent test_seats:crashes_on_its_third_move raised on env copy" in err
     assert "ValueError: engine lost its book" in err and "Traceback" not in err

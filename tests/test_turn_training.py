@@ -2,6 +2,9 @@
 counts for it (episode statistics, evaluation) and is credited to its last move (algo/gae.py); tic-tac-toe trains
 from the command line without an illegal move."""
 
+import re
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("pettingzoo")
@@ -167,3 +170,42 @@ def test_league_lists_the_learners_seat_ratings_as_the_learner(tmp_path, capsys)
     status = {r["name"]: r["status"] for r in json.loads(capsys.readouterr().out)["ratings"]}
     assert status["learner@first"] == status["learner@second"] == "learner seat", status
     assert status["learner"] == "learner" and status["random"] == "scripted"
+
+
+def _tiny_game_run(tmp_path, *extra: str) -> tuple[int, str]:
+    run = str(tmp_path / "run")
+    return main(["train", "--env", "tictactoe", "--total-steps", "512", "--num-envs", "4", "--num-steps", "64",
+                 "--run-dir", run, "--progress", "false", "--tensorboard", "false", *extra]), run
+
+
+@pytest.mark.parametrize("bot,shown", [("returns_text", r"'\d' \(str\)"), ("returns_none", r"None \(NoneType\)"),
+                                       ("returns_float", r"\d\.0 \(float\)")])
+def test_an_outside_player_returning_no_action_index_is_refused_in_one_line(bot, shown, tmp_path, capsys, monkeypatch):
+    """A bot returning "3", None or 2.0 was reported as "121 of 121 illegal moves" with random play's results: the
+    return type is wrong, and the line says so (issue 63; failed on main first)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent))
+    code, run = _tiny_game_run(tmp_path)
+    assert code == 0
+    capsys.readouterr()
+    assert main(["eval", run, "--vs", f"bad_bots:{bot}", "--episodes", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and re.search(f"--vs bad_bots:{bot} returned {shown}", err), err
+    assert "must return an action index" in err
+
+
+def test_an_outside_opponent_that_raises_in_training_leaves_its_traceback_and_the_resume_hint(tmp_path, capsys,
+                                                                                               monkeypatch):
+    """An opponent that raised during training ended in a line labelled "config key 'opponents'" with no traceback
+    file and no word on resuming (an env crash gets both): now it gets both (issue 63; failed on main first)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent))
+    import bad_bots
+
+    bad_bots.calls["n"] = 0
+    code, run = _tiny_game_run(tmp_path, "--opponents", "bad_bots:raises_later")
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "opponent bad_bots:raises_later raised" in err and "the bot's table has no entry" in err, err
+    trace = Path(run) / "opponent_crash.txt"
+    assert f"traceback in '{trace}'" in err and "raises_later" in trace.read_text()
+    assert "no checkpoint was written yet" in err

@@ -41,6 +41,11 @@ class EnvCrashError(PhalanxError):
     """An environment's own code raised during a run (its traceback is kept in the run directory)."""
 
 
+class OutsidePlayerError(PhalanxError):
+    """A player written outside Phalanx (`--vs module:callable`, an opponent of the league) raised, or returned what
+    is no action; its own exception, where it raised, is the `__cause__` (a run keeps its traceback)."""
+
+
 class Stopped(Exception):
     """A run stopped by a signal (SIGTERM from a scheduler, Ctrl-C) after its current update, with a
     checkpoint written: the message says where and how to resume; the exit status is 128 + `signum`."""

@@ -14,7 +14,7 @@ from phalanx import runs
 from phalanx.algo import PPOBatch
 from phalanx.config import Config
 from phalanx.envs.base import VecEnv
-from phalanx.errors import EnvCrashError, one_line, storage_reason
+from phalanx.errors import EnvCrashError, OutsidePlayerError, one_line, storage_reason
 
 
 def kept(run_dir: Path) -> str:
@@ -46,6 +46,22 @@ def env_crash(e: Exception, env: VecEnv, rollout: object, cfg: Config, run_dir: 
     except OSError as fault:
         written = f"its traceback could not be written to '{path}': {storage_reason(fault)}"
     return EnvCrashError(f"env '{cfg.env}' raised {where}: {one_line(e)}; {written}; {kept(run_dir)}")
+
+
+def player_crash(e: Exception, run_dir: Path) -> OutsidePlayerError | None:
+    """An opponent written outside Phalanx that raised (or returned no action) during a run's collection: its line,
+    the traceback of its own code written to the run directory (as an env crash's), and what there is to resume;
+    None for any other exception."""
+    if not isinstance(e, OutsidePlayerError):
+        return None
+    path = run_dir / "opponent_crash.txt"
+    cause = e.__cause__ or e
+    try:
+        path.write_text("".join(traceback.format_exception(cause)).rstrip("\n") + "\n")
+        written = f"traceback in '{path}'"
+    except OSError as fault:
+        written = f"its traceback could not be written to '{path}': {storage_reason(fault)}"
+    return OutsidePlayerError(f"{e}; {written}; {kept(run_dir)}")
 
 
 def save_nonfinite(run_dir: Path, update_idx: int, batch: PPOBatch, cfg: Config, metrics: dict[str, Any]) -> Path:

@@ -19,7 +19,7 @@ from phalanx.checkpoint import section
 from phalanx.draws import Source
 from phalanx.envs.base import StepRecord, VecEnv
 from phalanx.envs.registry import import_user_module
-from phalanx.errors import ConfigError, PhalanxError, one_line
+from phalanx.errors import ConfigError, OutsidePlayerError, one_line
 from phalanx.policy import Policy, load
 
 
@@ -33,6 +33,11 @@ class OutsidePlayer:
     def __init__(self, act: Callable[[Any], Any], name: str, where: str = "--vs"):
         self.act, self.name, self.where = act, name, where  # `where`: the flag or config key that named it
         self.moves = self.illegal = 0
+
+    @property
+    def label(self) -> str:
+        """How errors name it: the flag and the callable (`--vs mypkg.bots:act`), or as a league's opponent."""
+        return f"{self.where} {self.name}" if self.where == "--vs" else f"opponent {self.name}"
 
     def unfit(self, env: VecEnv) -> str:
         """Why `env` cannot host this player ('' where it can)."""
@@ -56,11 +61,15 @@ class OutsidePlayer:
             try:
                 action = self.act(obs)
             except Exception as e:  # the user's code: any error ends the evaluation in one line
-                raise PhalanxError(f"{self.where} {self.name} raised on env copy {i}: {one_line(e)}") from None
+                raise OutsidePlayerError(f"{self.label} raised on env copy {i}: {one_line(e)}") from e
             self.moves += 1
             move = _action_index(action)
             n = env.action_space.mask_width if allowed is None else allowed.shape[-1]
-            if move is None or not 0 <= move < n or (allowed is not None and not bool(allowed[i, slot, move])):
+            if move is None:  # not a move at all: a wrong return type, not an illegal move to count
+                raise OutsidePlayerError(f"{self.label} returned {action!r} ({type(action).__name__}) on env copy {i}; "
+                                         f"it must return an action index (an int in 0..{n - 1}, a numpy integer or a 0-d "
+                                         "array)")
+            if not 0 <= move < n or (allowed is not None and not bool(allowed[i, slot, move])):
                 self.illegal += 1
                 continue  # the random allowed move stands
             out[i, slot] = move
@@ -68,9 +77,9 @@ class OutsidePlayer:
 
 
 def _action_index(action: Any) -> int | None:
-    """A discrete action as an int (a Python or numpy integer, a 0-d array or tensor), else None."""
+    """A discrete action as an int (a Python or numpy integer, a 0-d integer array or tensor), else None."""
     try:
-        return operator.index(action.item() if hasattr(action, "item") else action)
+        return operator.index(action.item() if hasattr(action, "item") and not isinstance(action, str) else action)
     except (TypeError, ValueError):
         return None
 

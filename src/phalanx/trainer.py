@@ -129,8 +129,8 @@ class Trainer:
         try:
             stats = self.collect()
         except Exception as e:
-            crash = faults.env_crash(e, self.env, self.rollout, self.cfg, self.run_dir, self.global_step, self.update_idx,
-                                     self.dist.world)
+            crash = faults.player_crash(e, self.run_dir) or faults.env_crash(
+                e, self.env, self.rollout, self.cfg, self.run_dir, self.global_step, self.update_idx, self.dist.world)
             if crash is None:
                 raise
             raise crash from None
