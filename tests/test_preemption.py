@@ -49,8 +49,11 @@ def test_a_signal_mid_run_saves_says_where_and_resumes_bit_identically(tmp_path,
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == status, err
-    line = err.strip()
-    assert line.count("\n") == 0, err
+    lines = err.strip().splitlines()
+    # Ctrl-C says at once what happens next (a line of its own), then the run's one closing line.
+    assert len(lines) == (2 if signum == signal.SIGINT else 1), err
+    assert signum != signal.SIGINT or lines[0].startswith("Ctrl-C: stopping after this update")
+    line = lines[-1]
     assert f"phalanx: stopped by {signal.Signals(signum).name} at step" in line
     assert f"resume with `phalanx train --resume {stopped}`" in line
     saved = ckpt.list_checkpoints(stopped)
@@ -72,3 +75,27 @@ def test_checkpoints_come_on_a_wall_clock_interval(tmp_path):
     assert [int(p.name.split("_")[1]) for p in ckpt.list_checkpoints(timed.run_dir)] == [UPDATE * i for i in range(1, 5)]
     untimed = phalanx.train(run_dir=tmp_path / "untimed", checkpoint_minutes=0, **common)
     assert [int(p.name.split("_")[1]) for p in ckpt.list_checkpoints(untimed.run_dir)] == [UPDATE * 4]
+
+
+def test_the_first_ctrl_c_says_at_once_what_happens_next(capfd):
+    """A first Ctrl-C printed nothing until the update ended (a user presses it again, losing the update): now it says
+    at once that the run stops after this update with a checkpoint, and how to stop at once (issue 63; failed on main
+    first). A second one interrupts."""
+    import os
+    import signal as signals
+
+    from phalanx import runs
+
+    with runs.stop_signals(announce=True) as stop:
+        os.kill(os.getpid(), signals.SIGINT)
+        assert stop.signum == signals.SIGINT
+        err = capfd.readouterr().err
+        assert "stopping after this update" in err and "checkpoint" in err and "Ctrl-C again" in err, err
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signals.SIGINT)
+    with runs.stop_signals(announce=False) as stop:  # the other ranks of a torchrun stay quiet
+        os.kill(os.getpid(), signals.SIGINT)
+        assert stop.signum == signals.SIGINT and capfd.readouterr().err == ""
+    with runs.stop_signals(announce=True) as stop:  # a scheduler's SIGTERM: its log ends on the run's one line
+        os.kill(os.getpid(), signals.SIGTERM)
+        assert stop.signum == signals.SIGTERM and capfd.readouterr().err == ""

@@ -36,9 +36,10 @@ class StopRequest:
 
 
 @contextlib.contextmanager
-def stop_signals() -> Iterator[StopRequest]:
+def stop_signals(announce: bool = True) -> Iterator[StopRequest]:
     """SIGTERM (how schedulers preempt) and a first SIGINT (Ctrl-C) are noted, not acted on at once, so the
-    training loop can finish its update and write a checkpoint; a second SIGINT interrupts at once. The
+    training loop can finish its update and write a checkpoint; a second SIGINT interrupts at once. `announce`: say
+    so on stderr when the first Ctrl-C arrives (an update can take minutes, and silence invites the second Ctrl-C). The
     previous handlers come back on exit. Outside the main thread (where Python delivers signals) nothing
     is installed."""
     stop = StopRequest()
@@ -49,6 +50,10 @@ def stop_signals() -> Iterator[StopRequest]:
     def note(signum: int, frame: object) -> None:
         if signum == signal.SIGINT and stop.signum is not None:
             raise KeyboardInterrupt
+        if announce and stop.signum is None and signum == signal.SIGINT:  # a scheduler's SIGTERM reads the last line
+            # os.write, not print: a handler may interrupt a print to the same stream.
+            os.write(2, b"\nCtrl-C: stopping after this update, then a checkpoint is written; "
+                        b"press Ctrl-C again to stop at once (the update in flight is lost)\n")
         stop.signum = signum
 
     previous = {s: signal.signal(s, note) for s in (signal.SIGTERM, signal.SIGINT)}

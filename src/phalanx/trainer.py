@@ -191,7 +191,7 @@ class Trainer:
         self._last_ckpt_time = started = time.monotonic()
         first_step = self.global_step
         try:
-            with runs.stop_signals() as stop:
+            with runs.stop_signals(announce=self.main) as stop:
                 last_row = self._train_loop(progress, stop, max_updates)
         except StorageError as e:
             raise StorageError(f"{e}; {faults.kept(self.run_dir)}") from None
