@@ -209,3 +209,29 @@ def test_an_outside_opponent_that_raises_in_training_leaves_its_traceback_and_th
     trace = Path(run) / "opponent_crash.txt"
     assert f"traceback in '{trace}'" in err and "raises_later" in trace.read_text()
     assert "no checkpoint was written yet" in err
+
+
+def test_eval_of_a_game_answers_does_it_beat_random_from_each_seat_and_counts_repeated_games_once(tmp_path, capsys):
+    """`phalanx eval RUN` of a game printed self-play figures (team return 0.00); `mean_length` counted plies where
+    training's episode_length counts a slot's moves; and one game repeated 50 times got an interval as if the games
+    were independent (issue 63; each failed on main first). Now: each seat against random play and the env's own
+    players, the distinct games counted, a repeated game shown as one game, and lengths as training counts them."""
+    import json
+
+    from phalanx.evaluate import evaluate_policy
+    from phalanx.policy import load
+
+    code, run = _tiny_game_run(tmp_path)
+    assert code == 0
+    capsys.readouterr()
+    assert main(["eval", run, "--episodes", "6", "--json"]) == 0
+    table = json.loads(capsys.readouterr().out)["vs"]
+    assert list(table) == ["random", "tactics_1", "tactics_2", "tactics_3", "tactics_4"]
+    assert all(table[n][seat]["episodes"] == 6 for n in table for seat in ("first", "second"))
+    # bench's perfect player breaks ties by a fixed order: against the greedy policy every game is the same one
+    assert main(["eval", run, "--vs", "bench.games.tictactoe:act", "--episodes", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "(one game)" in out and "[0." not in out.split("bench.games.tictactoe:act", 1)[1].split("distinct:")[0]
+    one = evaluate_policy(load(run), "tictactoe", episodes=8)
+    assert one["distinct_games"] == 1  # greedy self-play: one game, eight times
+    assert one["mean_length"] * 2 == pytest.approx(one["mean_plies"], abs=1.0)  # a slot's moves, about half the plies

@@ -10,6 +10,7 @@ import torch
 
 from phalanx.envs import make
 from phalanx.envs.base import StepRecord, VecEnv
+from phalanx.envs.spaces import Discrete, MultiDiscrete
 from phalanx.episodes import EpisodeCounters
 from phalanx.errors import ConfigError
 from phalanx.league import learner_outcome
@@ -68,8 +69,17 @@ def evaluate_policy(
     # Each env contributes its first episodes in order, so the sample is not biased toward short ones.
     quota = -(-episodes // n)
     taken = [0] * n
-    for before, _, rec in play_steps(lineup, env, first, gen, greedy, max_steps if episodes > 0 else 0):
+    # A running hash of each copy's discrete actions this episode: games that repeat one another (two deterministic
+    # players meet the same way every time) are counted as one (`distinct_games`), not as independent samples.
+    discrete = isinstance(env.action_space, (Discrete, MultiDiscrete))
+    trace = torch.zeros(n, dtype=torch.long, device=env.device)
+    for before, played, rec in play_steps(lineup, env, first, gen, greedy, max_steps if episodes > 0 else 0):
         prev_active, prev_done = before.active, rec.terminated | rec.truncated
+        if discrete:
+            moves = (played.reshape(n, -1).long() + 1) * before.active.repeat_interleave(
+                played.reshape(n, -1).shape[1] // env.num_agents, 1)
+            mix = (torch.arange(moves.shape[1], device=env.device) * 2 + 3) ** 3  # a different weight per slot and head
+            trace = trace * 1_000_003 + (moves * mix).sum(-1)
         env_done = counters.step(rec.reward, prev_done, prev_active, idle_rewards=env.turn_based)
         if bool(env_done.any()):
             info = {k: _side_mean(v.float().reshape(n, -1), side).tolist() for k, v in rec.info.items()}
@@ -79,7 +89,12 @@ def evaluate_policy(
                 outcome = learner_outcome(rec.info, sides).tolist()
             for i in env_done.nonzero().flatten().tolist():
                 if taken[i] < quota and len(rows) < episodes:
-                    row = {"return": float(counters.team_return[i]), "length": float(counters.env_length[i])}
+                    row = {"return": float(counters.team_return[i]), "length": float(counters.env_length[i]),
+                           "game": int(trace[i])}
+                    if env.turn_based:  # as training counts it: a slot's own moves (the learner's side's); plies apart
+                        own = torch.ones(env.num_agents, dtype=torch.bool, device=env.device) if side is None else ~side
+                        row["plies"] = row["length"]
+                        row["length"] = float((counters.slot_length[i] * own).sum() / own.sum())
                     if side is not None:
                         row["return"] = float((slot_ret[i] * ~side).sum())
                         row["outcome"] = outcome[i]
@@ -88,6 +103,7 @@ def evaluate_policy(
                     taken[i] += 1
             counters.end_slots(env_done[:, None].expand(n, env.num_agents))
             counters.end_envs(env_done)
+            trace = trace.masked_fill(env_done, 0)
         if len(rows) >= episodes:
             break
     A = env.num_agents
@@ -101,6 +117,8 @@ def evaluate_policy(
         "std_return": statistics.pstdev(returns) if len(returns) > 1 else 0.0,
         "mean_agent_return": statistics.fmean(returns) / (A - int(side.sum()) if side is not None else A) if returns else float("nan"),
         "mean_length": statistics.fmean(r["length"] for r in rows) if rows else float("nan"),
+        **({"mean_plies": statistics.fmean(r["plies"] for r in rows)} if rows and "plies" in rows[0] else {}),
+        **({"distinct_games": len({r["game"] for r in rows})} if discrete else {}),
         "greedy": greedy,
         "episode_returns": returns,  # in the order the episodes were taken, for intervals over episodes
     }
@@ -110,7 +128,7 @@ def evaluate_policy(
             reached = [r["steps_to_goal"] for r in rows if r[success_key] > 0.5]
             out["median_steps_to_goal"] = statistics.median(reached) if reached else float("nan")
     for k in rows[0] if rows else ():
-        if k not in ("return", "length", "outcome", success_key) and not k.startswith("episode_"):
+        if k not in ("return", "length", "plies", "game", "outcome", success_key) and not k.startswith("episode_"):
             out[f"mean_{k}"] = statistics.fmean(r[k] for r in rows)
     if side is not None and rows:
         w, d, lost = (sum(r["outcome"] == c for r in rows) for c in (WIN, DRAW, LOSS))
@@ -125,16 +143,18 @@ def evaluate_seats(policy: Player, env_name: str, opponent: Player, greedy: bool
     same: "first" with the policy in the first slots, "second" with the opponent there; each with the policy's wins,
     draws, losses, win rate and its 95% Wilson interval. A trained opponent acts greedily in both seats where
     `opponent_greedy`, else samples in both. An `OutsidePlayer`'s moves and illegal moves (not played) are added up
-    over both."""
+    over both. `distinct_games` per seat: how many of the games differ (a greedy policy against a deterministic player
+    plays one game again and again: its interval is no interval)."""
     first = evaluate_policy(policy, env_name, greedy=greedy, opponent=opponent, opponent_greedy=opponent_greedy, **common)
     seat_two = evaluate_policy(None if opponent == "random" else opponent, env_name, greedy=opponent_greedy,
                                opponent="random" if policy is None else policy, opponent_greedy=greedy, **common)
     games = seat_two["episodes"]
-    second = {"episodes": games, "wins": seat_two["losses"], "draws": seat_two["draws"], "losses": seat_two["wins"]}
+    second = {"episodes": games, "wins": seat_two["losses"], "draws": seat_two["draws"], "losses": seat_two["wins"],
+              "distinct_games": seat_two["distinct_games"]}
     second.update({"win_rate": second["wins"] / max(games, 1), "draw_rate": second["draws"] / max(games, 1),
                    "loss_rate": second["losses"] / max(games, 1),
                    "win_rate_ci95": list(wilson_interval(second["wins"], games))})
-    keys = ("episodes", "wins", "draws", "losses", "win_rate", "draw_rate", "loss_rate", "win_rate_ci95")
+    keys = ("episodes", "wins", "draws", "losses", "win_rate", "draw_rate", "loss_rate", "win_rate_ci95", "distinct_games")
     out: dict[str, Any] = {"first": {k: first[k] for k in keys}, "second": second}
     if isinstance(opponent, OutsidePlayer):
         out.update({"opponent_moves": opponent.moves, "opponent_illegal_moves": opponent.illegal})

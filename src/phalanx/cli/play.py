@@ -58,8 +58,11 @@ def cmd_eval(args: argparse.Namespace, extra: list[str] | None = None) -> int:
             result = ", ".join(f"{name} {r:+g}" for name, r in info["result"].items())
             print(f"its moves: {info['moves']} (result: {result})", file=sys.stderr)
     names = [v.strip() for v in (args.vs or "").split(",") if v.strip()]
+    game = _game_players(cfg)
+    if not names and game:  # a game: does it beat random play and the env's own players, from each seat?
+        names = game
     # In a turn-based game the first mover is the first seat: every opponent is met from both (draws counted).
-    if any(is_outside_name(n) for n in names) or (names and _turn_based(cfg)):
+    if any(is_outside_name(n) for n in names) or (names and game):
         return _eval_seats(args, policy, names, common)
     res = evaluate_policy(policy, cfg.env, greedy=not args.sample, teammates=cfg.teammates, **common)
     other_mode = "greedy_play" if args.sample else "sampled_play"
@@ -128,10 +131,12 @@ def _col_width(head: str) -> int:
     return max(16, len(head) + 2)
 
 
-def _turn_based(cfg: Any) -> bool:
+def _game_players(cfg: Any) -> list[str]:
+    """A turn-based game's own players, random play first ([] for an env that is no game): whom `eval` meets
+    without --vs."""
     env = make(cfg.env, num_envs=1, device="cpu", seed=0, **cfg.env_options)
     try:
-        return env.turn_based
+        return list(dict.fromkeys(("random", *env.scripted_names))) if env.turn_based else []
     finally:
         env.close()
 
@@ -153,15 +158,20 @@ def _eval_seats(args: argparse.Namespace, policy: Any, names: list[str], common:
     print(f"{cfg.env}: learner ({'sampled' if args.sample else 'greedy'}, {_evaluated(args.run_dir, policy.step)}) vs each "
           f"player from each seat, {args.episodes} games a seat")
     width = max(24, *(len(n) + 2 for n in names))
-    print(f"{'opponent':<{width}}{'seat':>8}{'win':>6}{'draw':>6}{'loss':>6}{'win rate [95% CI]':>22}{'its illegal moves':>20}")
+    print(f"{'opponent':<{width}}{'seat':>8}{'win':>6}{'draw':>6}{'loss':>6}{'distinct':>10}{'win rate [95% CI]':>22}"
+          f"{'its illegal moves':>20}")
     for name, r in table.items():
         illegal = f"{r['opponent_illegal_moves']} of {r['opponent_moves']}" if "opponent_moves" in r else "-"
         for seat in ("first", "second"):
             s = r[seat]
             lo, hi = s["win_rate_ci95"]
-            ci = f"{s['win_rate']:.2f} [{lo:.2f}, {hi:.2f}]"
-            print(f"{name if seat == 'first' else '':<{width}}{seat:>8}{s['wins']:>6}{s['draws']:>6}{s['losses']:>6}{ci:>22}"
-                  f"{illegal if seat == 'first' else '':>20}")
+            # One game played again and again is one sample: no interval to give.
+            ci = f"{s['win_rate']:.2f} (one game)" if s["distinct_games"] == 1 and s["episodes"] > 1 else \
+                f"{s['win_rate']:.2f} [{lo:.2f}, {hi:.2f}]"
+            print(f"{name if seat == 'first' else '':<{width}}{seat:>8}{s['wins']:>6}{s['draws']:>6}{s['losses']:>6}"
+                  f"{s['distinct_games']:>10}{ci:>22}{illegal if seat == 'first' else '':>20}")
+    print("distinct: how many of a seat's games differ; a greedy policy against a deterministic player plays one game "
+          "again and again")
     return 0
 
 
