@@ -315,3 +315,26 @@ def test_play_without_torch_starts_and_resets_a_memory_model(tmp_path):
     want = evaluate_policy(policy, "gym:CartPole-v1", episodes=6, seed=0, num_envs=1)
     assert got["returns"] == want["episode_returns"]
     assert len(set(got["returns"])) > 1  # not one action repeated until the pole falls
+
+
+def test_a_game_card_answers_does_it_beat_random_from_each_seat(tmp_path):
+    """A game's package table reported self-play figures (0.00) and its replay a "team return 1.00" under them (issue
+    63; failed on main first). Now each row is one seat against random play or one of the env's players, with the
+    counts and the distinct games, and the replay's return is the learner's, against random play."""
+    pytest.importorskip("onnxruntime")
+    run = tmp_path / "run"
+    phalanx.train({**TINY, "env": "tictactoe", "run_dir": str(run)})
+    report = package.write_package(run, tmp_path / "pkg", episodes=6)
+    rows = report["table"]["rows"]
+    assert report["table"]["game"] and [(r["policy"], r["play"]) for r in rows[:2]] == [
+        ("learned vs random", "greedy, first seat"), ("learned vs random", "greedy, second seat")]
+    assert {r["policy"] for r in rows} == {f"learned vs {n}" for n in ("random", "tactics_1", "tactics_2", "tactics_3",
+                                                                         "tactics_4")}
+    for r in rows:
+        assert r["wins"] + r["draws"] + r["losses"] == r["episodes"] == 6 and 1 <= r["distinct_games"] <= 6
+        assert r["mean_return"] == pytest.approx((r["wins"] - r["losses"]) / 6)
+    card = (tmp_path / "pkg" / "README.md").read_text()
+    assert "mean outcome (win 1, draw 0, loss -1)" in card and "distinct games" in card
+    assert re.search(r"One episode: \d+ steps, the learner's return -?1?\d?\.\d\d, greedy play, seed \d+, against random",
+                     card), card
+    assert "team return" not in card

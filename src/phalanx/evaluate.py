@@ -150,12 +150,13 @@ def evaluate_seats(policy: Player, env_name: str, opponent: Player, greedy: bool
                                opponent="random" if policy is None else policy, opponent_greedy=greedy, **common)
     games = seat_two["episodes"]
     second = {"episodes": games, "wins": seat_two["losses"], "draws": seat_two["draws"], "losses": seat_two["wins"],
-              "distinct_games": seat_two["distinct_games"]}
+              "distinct_games": seat_two["distinct_games"], "mean_plies": seat_two.get("mean_plies", float("nan"))}
     second.update({"win_rate": second["wins"] / max(games, 1), "draw_rate": second["draws"] / max(games, 1),
                    "loss_rate": second["losses"] / max(games, 1),
                    "win_rate_ci95": list(wilson_interval(second["wins"], games))})
     keys = ("episodes", "wins", "draws", "losses", "win_rate", "draw_rate", "loss_rate", "win_rate_ci95", "distinct_games")
-    out: dict[str, Any] = {"first": {k: first[k] for k in keys}, "second": second}
+    out: dict[str, Any] = {"first": {**{k: first[k] for k in keys}, "mean_plies": first.get("mean_plies", float("nan"))},
+                           "second": second}
     if isinstance(opponent, OutsidePlayer):
         out.update({"opponent_moves": opponent.moves, "opponent_illegal_moves": opponent.illegal})
     return out

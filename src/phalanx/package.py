@@ -29,7 +29,7 @@ from phalanx.compare import bootstrap_ci
 from phalanx.config import FIELDS, Config
 from phalanx.envs import make, registry
 from phalanx.errors import ConfigError, MissingExtraError, PhalanxError, one_line
-from phalanx.evaluate import evaluate_policy
+from phalanx.evaluate import evaluate_policy, evaluate_seats
 from phalanx.export import DEFAULT_OPSET, WEIGHTS_FILE, export_onnx, require_export_extra, sidecar_path
 from phalanx.plot import plot_run
 from phalanx.policy import Policy, load
@@ -99,7 +99,7 @@ def env_facts(cfg: Config) -> dict[str, Any]:
     env = make(cfg.env, num_envs=1, seed=0, **cfg.env_options)
     try:
         return {"scripted": [n for n in env.scripted_names if n != "random"], "renders": bool(env.renders),
-                "num_agents": int(env.num_agents)}
+                "num_agents": int(env.num_agents), "turn_based": bool(env.turn_based)}
     finally:
         env.close()
 
@@ -123,6 +123,19 @@ def table_row(name: str, play: str, result: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+def seat_row(name: str, seat: str, result: dict[str, Any]) -> dict[str, Any]:
+    """One row of a game's evaluation table from one seat of an `evaluate_seats` result: the learner's outcome per
+    game (win 1, draw 0, loss -1) as its return, with the counts, the win rate and the games that differ."""
+    w, d, lost = result["wins"], result["draws"], result["losses"]
+    outcomes = [1.0] * w + [0.0] * d + [-1.0] * lost
+    row = table_row(f"learned vs {name}", f"greedy, {seat} seat", {
+        "episode_returns": outcomes, "episodes": result["episodes"], "mean_return": (w - lost) / max(w + d + lost, 1),
+        "std_return": float(np.std(outcomes)) if outcomes else 0.0, "mean_length": result["mean_plies"],
+        "win_rate": result["win_rate"], "win_rate_ci95": result["win_rate_ci95"]})
+    row.update({"wins": w, "draws": d, "losses": lost, "distinct_games": result["distinct_games"]})
+    return row
+
+
 def evaluation_table(policy: Policy, episodes: int = DEFAULT_EPISODES, seed: int = DEFAULT_SEED) -> dict[str, Any]:
     """The learned policy against the env's baselines, as `phalanx eval --vs` plays them: every scripted team and
     random play (a league run: the learner against each scripted opponent and random play, head to head).
@@ -132,6 +145,12 @@ def evaluation_table(policy: Policy, episodes: int = DEFAULT_EPISODES, seed: int
     common = dict(env_options=registry.evaluation_options(cfg.env, cfg.env_options), episodes=episodes, seed=seed,
                   device=policy.device)
     rows = []
+    if env_facts(cfg)["turn_based"]:  # a game: does it beat random play and the env's own players, from each seat?
+        for name in ["random", *scripted]:
+            seats = evaluate_seats(policy, cfg.env, name, greedy=True, **common)
+            rows.extend(seat_row(name, seat, seats[seat]) for seat in ("first", "second"))
+        return {"head_to_head": True, "game": True, "rows": rows, "episodes": episodes, "seed": seed,
+                "confidence": CONFIDENCE}
     if cfg.opponents:
         for name in [*scripted, "random"]:
             rows.append(table_row(f"learned vs {name}", "greedy",
@@ -182,10 +201,12 @@ def _fmt(x: float) -> str:
 
 
 def _table_markdown(table: dict[str, Any], num_agents: int) -> str:
-    returns = "return of the learner's side" if table["head_to_head"] else "team return" if num_agents > 1 else "return"
-    extra = [k for k in ("success_rate", "win_rate") if any(k in r for r in table["rows"])]
+    game = table.get("game", False)
+    returns = ("outcome (win 1, draw 0, loss -1)" if game else "return of the learner's side" if table["head_to_head"]
+               else "team return" if num_agents > 1 else "return")
+    extra = [k for k in ("success_rate", "win_rate", "distinct_games") if any(k in r for r in table["rows"])]
     heads = ["policy", "play", "episodes", f"mean {returns}", f"{round(table['confidence'] * 100)}% interval", "std",
-             "mean length", *[k.replace("_", " ") for k in extra]]
+             "mean length (plies)" if game else "mean length", *[k.replace("_", " ") for k in extra]]
     lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     for r in table["rows"]:
         lo, hi = r["ci95"]
@@ -195,6 +216,8 @@ def _table_markdown(table: dict[str, Any], num_agents: int) -> str:
             if k == "win_rate" and k in r:
                 lo, hi = r["win_rate_ci95"]
                 cells.append(f"{r[k]:.2f} [{lo:.2f}, {hi:.2f}]")
+            elif k == "distinct_games":
+                cells.append(str(r[k]))
             else:
                 cells.append(_fmt(r[k]) if k in r else "")
         lines.append("| " + " | ".join(cells) + " |")
@@ -251,7 +274,10 @@ def model_card(cfg: Config, num_agents: int, step: int | None, table: dict[str, 
     normalised = ", the run's observation normalisation folded in" if folded else ""
     weights_note = "; the observation statistics they were trained under are folded into the graph only" if folded else ""
     scripted = any(r["play"] == "scripted" for r in table["rows"])
-    against = ("head to head: the learner's side against each scripted opponent and random play, learned play greedy; "
+    against = ("a game: the learner against random play and each of the env's own players, from each seat, learned play "
+               "greedy; win rate with its 95% Wilson interval; `distinct games`: how many of the row's games differ (a "
+               "greedy policy against a deterministic player plays one game again and again)" if table.get("game") else
+               "head to head: the learner's side against each scripted opponent and random play, learned play greedy; "
                "win rate with its 95% Wilson interval" if table["head_to_head"] else
                "learned play greedy and sampled; " + ("each of the env's scripted teams in every slot; " if scripted else "")
                + "random play uniform")
@@ -353,12 +379,13 @@ def _stage(run_dir: Path, stage: Path, policy: Policy, checkpoint: Path, episode
         curve = f"No learning curve: {e}."
     facts = env_facts(cfg)
     if facts["renders"]:
-        # A league run's replay plays the opponent its table's first row plays.
-        opponent = ([*facts["scripted"], "random"][0]) if cfg.opponents else None
+        # The replay plays the opponent of the table's first row (a game's: random play; a league run's: its first
+        # scripted opponent); its return is then the learner's side's.
+        opponent = "random" if facts["turn_based"] else ([*facts["scripted"], "random"][0]) if cfg.opponents else None
         info = record_episode(policy, cfg.env, stage / REPLAY_FILE, registry.evaluation_options(cfg.env, cfg.env_options), greedy=True, seed=seed,
                               max_steps=REPLAY_MAX_STEPS, opponent=opponent, device=policy.device)
         replay = REPLAY_FILE
-        returns = "team return" if facts["num_agents"] > 1 else "return"
+        returns = "the learner's return" if opponent else "team return" if facts["num_agents"] > 1 else "return"
         replay_note = (f"{info['steps']} steps, {returns} {info['return']:.2f}, greedy play, seed {seed}"
                        + (f", against {opponent}" if opponent else ""))
     else:
