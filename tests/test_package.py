@@ -338,3 +338,30 @@ def test_a_game_card_answers_does_it_beat_random_from_each_seat(tmp_path):
     assert re.search(r"One episode: \d+ steps, the learner's return -?1?\d?\.\d\d, greedy play, seed \d+, against random",
                      card), card
     assert "team return" not in card
+
+
+def test_a_package_comes_back_with_load_and_eval_and_refuses_to_resume(tmp_path, capsys, monkeypatch):
+    """`phalanx.load(DIR)` and `phalanx eval DIR` on a package said "no checkpoint in DIR/checkpoints" (issue 63 item 2;
+    failed on main first). Now a package loads (weights, the observation statistics, the step) and plays exactly as the
+    run it came from; one pulled from a hub repo too (`hf:OWNER/REPO`, through huggingface_hub's download); resuming
+    training from it is refused in one line naming what it lacks."""
+    pytest.importorskip("onnxruntime")
+    run = tmp_path / "run"
+    phalanx.train({**TINY, "env": "cartpole", "norm_obs": True, "run_dir": str(run)})
+    pkg = tmp_path / "pkg"
+    package.write_package(run, pkg, episodes=2)
+    assert not (pkg / "checkpoints").exists()
+    original, loaded = phalanx.load(run), phalanx.load(pkg)
+    assert loaded.step == original.step and loaded.obs_rms is not None
+    a = evaluate_policy(original, "cartpole", episodes=5, seed=3)
+    b = evaluate_policy(loaded, "cartpole", episodes=5, seed=3)
+    assert a["episode_returns"] == b["episode_returns"]
+    assert main(["eval", str(pkg), "--episodes", "3", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["episodes"] == 3
+    hub = pytest.importorskip("huggingface_hub")
+    asked = []
+    monkeypatch.setattr(hub, "snapshot_download", lambda repo_id, **kw: asked.append(repo_id) or str(pkg))
+    assert phalanx.load("hf:someone/cartpole-ppo").step == original.step and asked == ["someone/cartpole-ppo"]
+    assert main(["train", "--resume", str(pkg)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"'{pkg}' is a package" in err and "cannot be resumed" in err, err

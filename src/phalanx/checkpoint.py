@@ -27,6 +27,17 @@ from phalanx.errors import CheckpointError, StorageError, storage_reason
 FORMAT_VERSION = 1
 CKPT_DIR = "checkpoints"
 _PREFIX = "step_"
+WEIGHTS_FILE = "model.safetensors"  # a checkpoint's weights, and a package's
+STATE_FILE = "state.safetensors"
+# A package's observation statistics (`norm_obs`): what the graph has folded in, for a policy loaded back in torch.
+OBS_STATS_FILE = "obs_stats.safetensors"
+
+
+def is_package(path: Path) -> bool:
+    """A folder `phalanx export --package` wrote (weights beside a config, no checkpoints): a policy to play, without
+    the optimiser state and counters that resuming training takes."""
+    path = Path(path)
+    return (path / WEIGHTS_FILE).is_file() and (path / "config.json").is_file() and not (path / CKPT_DIR).exists()
 
 
 def _digest(path: Path) -> str:
@@ -92,7 +103,7 @@ def save_checkpoint(
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
-        files = {"model.safetensors": model, "state.safetensors": state}
+        files = {WEIGHTS_FILE: model, STATE_FILE: state}
         digests = {}
         for name, tensors in files.items():
             _write_tensors(tmp / name, tensors)
@@ -171,7 +182,7 @@ def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, torc
         found = meta.get("format_version") if isinstance(meta, dict) else None
         raise CheckpointError(f"checkpoint '{path}' has format version {found!r}; this Phalanx reads {FORMAT_VERSION}")
     out = []
-    for name in ("model.safetensors", "state.safetensors"):
+    for name in (WEIGHTS_FILE, STATE_FILE):
         f = path / name
         if not f.is_file():
             raise CheckpointError(f"checkpoint file '{f}' is missing")

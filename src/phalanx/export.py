@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from phalanx.checkpoint import WEIGHTS_FILE
 from phalanx.deployed import (
     ACTION,
     ACTION_MASK,
@@ -59,7 +60,6 @@ DYNAMO, TORCHSCRIPT = "torch.onnx dynamo (torch.export)", "torch.onnx TorchScrip
 TRACE_BATCH = 2
 MAX_BATCH = 1 << 20
 PROBE_TOLERANCE = 1e-4
-WEIGHTS_FILE = "model.safetensors"  # a checkpoint's weights (phalanx.checkpoint)
 
 
 def require_export_extra() -> None:

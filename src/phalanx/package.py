@@ -25,12 +25,13 @@ import numpy as np
 import yaml
 
 from phalanx import checkpoint as ckpt
+from phalanx.checkpoint import OBS_STATS_FILE, WEIGHTS_FILE, write_tensors_atomic
 from phalanx.compare import bootstrap_ci
 from phalanx.config import FIELDS, Config
 from phalanx.envs import make, registry
 from phalanx.errors import ConfigError, MissingExtraError, PhalanxError, one_line
 from phalanx.evaluate import evaluate_policy, evaluate_seats
-from phalanx.export import DEFAULT_OPSET, WEIGHTS_FILE, export_onnx, require_export_extra, sidecar_path
+from phalanx.export import DEFAULT_OPSET, export_onnx, require_export_extra, sidecar_path
 from phalanx.plot import plot_run
 from phalanx.policy import Policy, load
 from phalanx.record import record_episode
@@ -44,7 +45,8 @@ RESULTS_FILE = "results.json"
 CURVE_FILE = "learning_curve.png"
 REPLAY_FILE = "replay.gif"
 # Everything a package may hold: what --overwrite replaces (a user's other files in the folder are kept).
-PACKAGE_FILES = (ONNX_FILE, CONTRACT_FILE, WEIGHTS_FILE, CONFIG_FILE, CARD_FILE, RESULTS_FILE, CURVE_FILE, REPLAY_FILE)
+PACKAGE_FILES = (ONNX_FILE, CONTRACT_FILE, WEIGHTS_FILE, OBS_STATS_FILE, CONFIG_FILE, CARD_FILE, RESULTS_FILE, CURVE_FILE,
+                 REPLAY_FILE)
 HUB_EXTRA = "hub"
 DEFAULT_EPISODES = 100
 DEFAULT_SEED = 12345  # `phalanx eval`'s
@@ -306,7 +308,8 @@ def model_card(cfg: Config, num_agents: int, step: int | None, table: dict[str, 
         f"| `{ONNX_FILE}` | the policy as an ONNX graph (opset {contract['opset']}) |\n"
         f"| `{CONTRACT_FILE}` | its I/O contract |\n"
         f"| `{WEIGHTS_FILE}` | the network's weights as trained (safetensors{weights_note}) |\n"
-        f"| `{CONFIG_FILE}` | the run's training config |\n"
+        + (f"| `{OBS_STATS_FILE}` | the observation statistics the weights were trained under |\n" if folded else "")
+        + f"| `{CONFIG_FILE}` | the run's training config |\n"
         f"| `{RESULTS_FILE}` | the evaluation table as JSON |\n"
         + (f"| `{CURVE_FILE}` | the learning curve |\n" if curve.endswith(".png") else "")
         + (f"| `{REPLAY_FILE}` | a replay of one greedy episode |\n" if replay.endswith(".gif") else ""),
@@ -367,6 +370,9 @@ def _stage(run_dir: Path, stage: Path, policy: Policy, checkpoint: Path, episode
     contract = json.loads(sidecar_path(onnx_path).read_text())
     with writing("package file", stage / WEIGHTS_FILE):
         shutil.copyfile(checkpoint / WEIGHTS_FILE, stage / WEIGHTS_FILE)
+    if policy.obs_rms is not None:  # `phalanx.load(DIR)` normalises as the run did (the graph has them folded in)
+        write_tensors_atomic(stage / OBS_STATS_FILE, {k: v.detach().cpu() for k, v in policy.obs_rms.state_dict().items()},
+                      "package file")
     config = {k: v for k, v in cfg.to_dict().items() if k != "run_dir"}  # a path on the machine it trained on
     (stage / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
     table = evaluation_table(policy, episodes=episodes, seed=seed)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import torch
@@ -17,6 +18,7 @@ from phalanx.draws import Source
 from phalanx.envs import make
 from phalanx.envs.base import VecEnv
 from phalanx.envs.spaces import Space
+from phalanx.errors import CheckpointError, MissingExtraError, one_line
 from phalanx.models.protocol import ActorCritic
 from phalanx.models.registry import build_model, obs_dim_of
 
@@ -102,25 +104,67 @@ def build_normalizers(cfg: Config, env: VecEnv, num_envs: int, device: torch.dev
                        norm_value=cfg.norm_value, gamma=cfg.gamma, obs_clip=cfg.obs_clip, device=device)
 
 
+HUB_PREFIX = "hf:"  # `phalanx.load("hf:OWNER/REPO")`: a package on the Hugging Face Hub
+
+
 def load(run_dir: str | Path, device: str = "cpu", checkpoint: str | Path | None = None) -> Policy:
-    """Load the policy of a run directory (its latest checkpoint, or `checkpoint`)."""
-    cfg = runs.load_run_config(Path(run_dir))
+    """Load the policy of a run directory (its latest checkpoint, or `checkpoint`), of a package that `phalanx export
+    --package` wrote, or of one on the Hugging Face Hub (`hf:OWNER/REPO`, downloaded by huggingface_hub: the hub
+    extra)."""
+    if isinstance(run_dir, str) and run_dir.startswith(HUB_PREFIX):
+        run_dir = hub_download(run_dir.removeprefix(HUB_PREFIX))
+    run_dir = Path(run_dir)
+    cfg = runs.load_run_config(run_dir)
     dev = resolve_device(device)
-    path = Path(checkpoint) if checkpoint else ckpt.latest_checkpoint(Path(run_dir))
-    model_t, state_t, meta = ckpt.load_checkpoint(path)
+    if checkpoint is None and ckpt.is_package(run_dir):
+        model_t, step, source = _package_weights(run_dir), _package_step(run_dir), f"package '{run_dir}'"
+        obs_stats = ckpt.read_tensors(run_dir / ckpt.OBS_STATS_FILE, "package file") if cfg.norm_obs else {}
+        norm_state = {f"obs.{k}": v.to(dev) for k, v in obs_stats.items()}
+    else:
+        path = Path(checkpoint) if checkpoint else ckpt.latest_checkpoint(run_dir)
+        model_t, state_t, meta = ckpt.load_checkpoint(path)
+        step, source = meta.get("global_step"), f"checkpoint '{path}'"
+        # Env-batch-shaped reward statistics do not matter for inference.
+        norm_state = {k: v for k, v in ckpt.section(state_t, "norms", dev).items() if not k.startswith("reward.")}
     env = make(cfg.env, num_envs=1, device=dev, seed=0, **cfg.env_options)
     model = build_model(cfg, env).to(dev)
-    ckpt.check_compatible(path, meta, cfg, model)
-    ckpt.load_weights(model, model_t, f"checkpoint '{path}'")
+    if checkpoint is not None or not ckpt.is_package(run_dir):
+        ckpt.check_compatible(path, meta, cfg, model)
+    ckpt.load_weights(model, model_t, source)
     model.eval()
     norms = build_normalizers(cfg, env, 1, dev)
-    # Env-batch-shaped reward statistics do not matter for inference.
-    norm_state = {k: v for k, v in ckpt.section(state_t, "norms", dev).items() if not k.startswith("reward.")}
     norms.load_state_dict(norm_state, strict=False)
-    policy = Policy(model, norms.obs, cfg, env.observation_space, env.action_space, step=meta.get("global_step"),
+    policy = Policy(model, norms.obs, cfg, env.observation_space, env.action_space, step=step,
                     action_masks=env.action_masks)
     env.close()
     return policy
+
+
+def _package_weights(path: Path) -> dict[str, torch.Tensor]:
+    return ckpt.read_tensors(path / ckpt.WEIGHTS_FILE, "package file")
+
+
+def _package_step(path: Path) -> int | None:
+    """The step of the checkpoint a package was made from (its results.json), None where it does not say."""
+    try:
+        step = json.loads((path / "results.json").read_text()).get("checkpoint_step")
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return None
+    return step if isinstance(step, int) else None
+
+
+def hub_download(repo_id: str) -> Path:
+    """A package on the Hugging Face Hub, downloaded (or found in huggingface_hub's cache) -> its local folder."""
+    try:
+        import huggingface_hub
+    except ImportError:
+        raise MissingExtraError(f"loading '{HUB_PREFIX}{repo_id}' needs huggingface_hub, which is not installed: "
+                                "pip install 'phalanx[hub]'") from None
+    try:
+        return Path(huggingface_hub.snapshot_download(repo_id=repo_id))
+    except Exception as e:  # the hub's own errors: a missing repo, no network, no access
+        raise CheckpointError(f"cannot download the package '{HUB_PREFIX}{repo_id}' from the Hugging Face Hub: "
+                              f"{one_line(e)}") from None
 
 
 def frozen_copy(policy: Policy) -> Policy:

@@ -340,6 +340,10 @@ def train(config: Config | str | Path | dict | None = None, *, resume: str | Pat
         if overwrite:
             raise ConfigError("--overwrite starts a run afresh and --resume continues one: give only one")
         run_dir = Path(resume)
+        if ckpt.is_package(run_dir):
+            raise ConfigError(f"'{run_dir}' is a package (a policy to play: weights without the optimiser state, counters "
+                              "and league that training takes), so it cannot be resumed; train afresh from its config: "
+                              f"phalanx train --config {run_dir / 'config.json'}")
         saved = runs.load_run_config(run_dir).to_dict()
         cfg = resolve(saved, *layers)
         for k, v in cfg.to_dict().items():
