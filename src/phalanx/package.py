@@ -240,27 +240,44 @@ def config_summary(cfg: Config) -> dict[str, Any]:
 
 
 def _usage(contract: dict[str, Any]) -> str:
-    """How to play the graph with onnxruntime, for this contract (feed-forward or with memory)."""
-    obs = contract["inputs"][0]
+    """How to play the graph with onnxruntime, for this contract: every input it takes (the observation of each agent
+    slot, the action mask of a masked env, a memory model's memory and flags), as code that runs in the package."""
+    specs = {spec["name"]: spec for spec in contract["inputs"]}
+    obs = specs["obs"]
+    slots = contract["num_agents"]
     shape = ", ".join(str(d) for d in ["1", *obs["shape"][1:]])
     lines = ["```python", "import json", "import numpy as np", "import onnxruntime as ort", "",
              'contract = json.load(open("policy.json"))', 'session = ort.InferenceSession("policy.onnx")',
-             f'obs = np.zeros(({shape}), dtype=np.{obs["dtype"]})  # [batch, agent slot, *observation]: raw, as the env gives it']
+             f'obs = np.zeros(({shape}), dtype=np.{obs["dtype"]})  # [batch, agent slot, *observation]: raw, as the env '
+             "gives it", 'feeds = {"obs": obs}']
+    if "action_mask" in specs:
+        mask = ", ".join(str(d) for d in ["1", *specs["action_mask"]["shape"][1:]])
+        lines += [f'feeds["action_mask"] = np.ones(({mask}), dtype=bool)  # the env\'s action mask: True where allowed']
     if contract["memory"]:
         lines += ["# Memory starts as the contract says, and the graph resets a slot's memory where episode_start is True.",
                   "specs = {s['name']: s for s in contract['inputs']}",
                   "memory = {f['input']: np.broadcast_to(np.asarray(f['initial'], dtype=specs[f['input']]['dtype']),",
                   "                                      [1, *specs[f['input']]['shape'][1:]]).copy()",
                   "          for f in contract['memory'].values()}",
-                  f"episode_start = np.ones((1, {contract['num_agents']}), dtype=bool)  # True on an episode's first step",
-                  f"active = np.ones((1, {contract['num_agents']}), dtype=bool)",
-                  'feeds = {"obs": obs, "episode_start": episode_start, "active": active, **memory}',
-                  "outputs = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))",
-                  "memory = {f['input']: outputs[f['output']] for f in contract['memory'].values()}  # for the next step"]
-    else:
-        lines += ['outputs = dict(zip([o.name for o in session.get_outputs()], session.run(None, {"obs": obs})))']
-    lines += ['action = outputs["action"]  # greedy env actions, [batch, agent slot, ...]', "```"]
+                  f"feeds['episode_start'] = np.ones((1, {slots}), dtype=bool)  # True on an episode's first step",
+                  f"feeds['active'] = np.ones((1, {slots}), dtype=bool)",
+                  "feeds.update(memory)"]
+    lines += ["outputs = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))"]
+    if contract["memory"]:
+        lines += ["memory = {f['input']: outputs[f['output']] for f in contract['memory'].values()}  # for the next step"]
+    lines += ['action = outputs["action"]  # greedy env actions, [batch, agent slot, ...]',
+              'print("actions:", action.tolist())', "```"]
     return "\n".join(lines)
+
+
+def _player(cfg: Config, num_agents: int) -> str:
+    """The card's line on examples/onnx_play/play.py: its command where it plays the package (one slot, a gymnasium env
+    to play in), else nothing (it plays gymnasium envs of one slot only)."""
+    env_id = registry.gymnasium_id(cfg.env)
+    if num_agents != 1 or env_id is None or cfg.env_options:
+        return ""
+    return ("Phalanx's `examples/onnx_play/play.py` plays the graph in gymnasium's own env this way (numpy, gymnasium "
+            f"and onnxruntime alone): `python examples/onnx_play/play.py . --env {env_id} --episodes 10`.\n")
 
 
 def model_card(cfg: Config, num_agents: int, step: int | None, table: dict[str, Any], contract: dict[str, Any],
@@ -302,7 +319,7 @@ def model_card(cfg: Config, num_agents: int, step: int | None, table: dict[str, 
         "`policy.json` is the I/O contract: the inputs' and outputs' names, shapes and dtypes, the spaces, and how the "
         "memory starts and resets. `pip install onnxruntime numpy`, then:\n",
         _usage(contract) + "\n",
-        "Phalanx's `examples/onnx_play/play.py` plays the graph in a gymnasium env this way.\n",
+        _player(cfg, num_agents),
         "## Files\n",
         "| file | what |\n|---|---|\n"
         f"| `{ONNX_FILE}` | the policy as an ONNX graph (opset {contract['opset']}) |\n"

@@ -53,6 +53,11 @@ class EnvSpec:
     # A plugin's import root (the sys.path entry its module came from), kept in the run's manifest so
     # that eval and resume import it again from anywhere.
     source: str | None = None
+    # The gymnasium env this one reproduces step for step (CartPole-v1): a package card's dataset, and the env
+    # examples/onnx_play/play.py plays the exported graph in. None where there is none.
+    gymnasium_id: str | None = None
+    # What else it reproduces, in words (PettingZoo's tictactoe_v3, rules and observations): the card says so.
+    reproduces: str | None = None
 
 
 _REGISTRY: dict[str, EnvSpec] = {}
@@ -173,6 +178,14 @@ def spec(name: str) -> EnvSpec | None:
     if found is not None:
         _REGISTRY[name] = found
     return found
+
+
+def gymnasium_id(name: str) -> str | None:
+    """The gymnasium env id env `name` is (`gym:ID`) or reproduces step for step (`EnvSpec.gymnasium_id`); else None."""
+    if name.startswith("gym:"):
+        return name.removeprefix("gym:")
+    found = spec(name)
+    return found.gymnasium_id if found is not None else None
 
 
 def train_defaults(name: str) -> dict[str, Any]:

@@ -291,6 +291,7 @@ register(
     EnvSpec(
         name="tictactoe",
         factory=TicTacToeEnv,
+        reproduces="PettingZoo's tictactoe_v3, its rules and observations move for move",
         description="Tic-tac-toe, PettingZoo's rules and observations, batched in torch: 2 players taking turns, "
                     "Discrete(9) under an action mask, obs [3, 3, 2]",
         options={"opening_plies": opening_option(TicTacToeEnv)},
@@ -304,6 +305,7 @@ register(
     EnvSpec(
         name="connect_four",
         factory=ConnectFourEnv,
+        reproduces="PettingZoo's connect_four_v3, its rules and observations move for move",
         description="Connect four, PettingZoo's rules and observations, batched in torch: 2 players taking turns, "
                     "Discrete(7) columns under an action mask, obs [6, 7, 2]",
         options={"opening_plies": opening_option(ConnectFourEnv)},

@@ -189,6 +189,7 @@ class CartPoleEnv(ClassicEnv):
 register(
     EnvSpec(
         name="cartpole",
+        gymnasium_id="CartPole-v1",
         factory=CartPoleEnv,
         description="CartPole-v1 (gymnasium dynamics) in torch: Discrete(2), obs 4, 500-step limit",
         options={"max_steps": EnvOption(500, "time limit in steps (episode is truncated)", min=1)},

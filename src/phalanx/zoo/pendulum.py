@@ -89,6 +89,7 @@ class PendulumEnv(ClassicEnv):
 register(
     EnvSpec(
         name="pendulum",
+        gymnasium_id="Pendulum-v1",
         factory=PendulumEnv,
         description="Pendulum-v1 (gymnasium dynamics) in torch: Box(1) torque in [-2, 2], obs 3, 200-step limit",
         options={"max_steps": EnvOption(200, "time limit in steps (episode is truncated)", min=1)},
