@@ -152,7 +152,9 @@ def test_the_card_front_matter_is_in_the_hub_format(cartpole_package):
     (entry,) = meta["model-index"]
     (result,) = entry["results"]
     assert result["task"]["type"] == "reinforcement-learning"
-    assert result["dataset"] == {"name": "cartpole", "type": "cartpole"}
+    # The gymnasium id the built-in env reproduces step for step, as a hub reader searches for it (issue 63 item 3)
+    assert result["dataset"] == {"name": "CartPole-v1", "type": "CartPole-v1"}
+    assert meta["license"] == "mit"
     (metric,) = result["metrics"]
     first = json.loads((out / "results.json").read_text())["rows"][0]
     assert metric["type"] == "mean_reward"
@@ -166,7 +168,8 @@ def test_the_hub_reads_the_card(cartpole_package):
     card = hub.ModelCard.load(out / "README.md")  # a local path: read, not fetched
     assert card.data.library_name == "phalanx" and "reinforcement-learning" in card.data.tags
     (result,) = card.data.eval_results
-    assert (result.task_type, result.dataset_type, result.metric_type) == ("reinforcement-learning", "cartpole", "mean_reward")
+    assert (result.task_type, result.dataset_type, result.metric_type) == ("reinforcement-learning", "CartPole-v1",
+                                                                          "mean_reward")
     assert result.metric_value == front_matter(card.content)["model-index"][0]["results"][0]["metrics"][0]["value"]
 
 
@@ -396,3 +399,29 @@ def test_the_cards_code_runs_as_written_inside_the_package(kind, cartpole_packag
     assert ("examples/onnx_play/play.py" in card) == (kind in ("feed-forward", "memory")), kind
     if "play.py" in card:
         assert "--env CartPole-v1" in card  # the command, with the gymnasium env it plays
+
+
+def test_the_card_says_how_to_reproduce_the_run_its_license_and_its_limits(cartpole_package, cartpole_run, tmp_path,
+                                                                           team_package):
+    """Issue 63 item 3 (each failed on main first): the exact command that trains the run again, which the test runs;
+    a license (the default said plainly, `--license` to choose); what the built-in env reproduces; and a limitations
+    section (greedy actions only, what the evaluation measured, no value output for a MAPPO graph)."""
+    out, _ = cartpole_package
+    card = (out / "README.md").read_text()
+    section = card.split("## Reproduce", 1)[1].split("\n## ", 1)[0]
+    command = section.split("```bash\n", 1)[1].split("\n", 1)[0]
+    assert command.startswith("phalanx train --env cartpole") and "--seed 3" in command and "--total-steps 20480" in command
+    assert "phalanx train --config config.json" in section
+    argv = command.split()[1:] + ["--run-dir", str(tmp_path / "again"), "--progress", "false", "--tensorboard", "false"]
+    assert main(argv) == 0
+    again, original = phalanx.load(tmp_path / "again"), phalanx.load(cartpole_run)
+    assert all(bool((a == b).all()) for a, b in zip(again.model.state_dict().values(), original.model.state_dict().values()))
+    assert "license: mit" in card and "`--license`" in card
+    assert "gymnasium's CartPole-v1" in card
+    limits = card.split("## Limitations", 1)[1].split("\n## ", 1)[0]
+    assert "greedy" in limits and "100 episodes" not in limits and "10 episodes" in limits
+    team = (team_package / "README.md").read_text().split("## Limitations", 1)[1].split("\n## ", 1)[0]
+    assert "no value output" in team  # a MAPPO critic reads the world's state, which the graph does not take
+    assert main(["export", str(cartpole_run), "--package", str(tmp_path / "apache"), "--episodes", "2",
+                 "--license", "apache-2.0"]) == 0
+    assert front_matter((tmp_path / "apache" / "README.md").read_text())["license"] == "apache-2.0"

@@ -16,6 +16,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import shlex
 import shutil
 import tempfile
 from pathlib import Path
@@ -27,7 +28,7 @@ import yaml
 from phalanx import checkpoint as ckpt
 from phalanx.checkpoint import OBS_STATS_FILE, WEIGHTS_FILE, write_tensors_atomic
 from phalanx.compare import bootstrap_ci
-from phalanx.config import FIELDS, Config
+from phalanx.config import FIELDS, Config, resolve
 from phalanx.envs import make, registry
 from phalanx.errors import ConfigError, MissingExtraError, PhalanxError, one_line
 from phalanx.evaluate import evaluate_policy, evaluate_seats
@@ -50,6 +51,7 @@ PACKAGE_FILES = (ONNX_FILE, CONTRACT_FILE, WEIGHTS_FILE, OBS_STATS_FILE, CONFIG_
 HUB_EXTRA = "hub"
 DEFAULT_EPISODES = 100
 DEFAULT_SEED = 12345  # `phalanx eval`'s
+DEFAULT_LICENSE = "mit"  # the card's license where `--license` names none: said so on the card
 CONFIDENCE = 0.95
 REPLAY_MAX_STEPS = 1000  # a longer episode's GIF is cut here: a card's replay is for watching, not for measuring
 # Config keys of the machine a run trained on, not of the training: left out of the card's summary and config.json.
@@ -173,24 +175,27 @@ def env_tag(env: str) -> str:
     return env.removeprefix("gym:").replace(":", "-")
 
 
-def card_metadata(cfg: Config, num_agents: int, table: dict[str, Any]) -> dict[str, Any]:
-    """The card's YAML front matter: library, tags, and the model-index with the learned policy's evaluated mean
-    return as "mean +/- std" (the first row: greedy play; a league run: against the first scripted opponent)."""
+def card_metadata(cfg: Config, num_agents: int, table: dict[str, Any], license: str = DEFAULT_LICENSE) -> dict[str, Any]:
+    """The card's YAML front matter: library, license, tags, and the model-index with the learned policy's evaluated
+    mean return as "mean +/- std" (the first row: greedy play; a league run: against the first scripted opponent). The
+    dataset is the gymnasium id the env is or reproduces (CartPole-v1), else the env's name."""
     first = table["rows"][0]
     tags = ["reinforcement-learning", "deep-reinforcement-learning", "ppo", "phalanx", "onnx", env_tag(cfg.env), cfg.model]
     if num_agents > 1:
         tags.append("multi-agent")
     if cfg.opponents:
         tags.append("self-play")
+    dataset = registry.gymnasium_id(cfg.env) or env_tag(cfg.env)
     return {
         "library_name": "phalanx",
+        "license": license,
         "pipeline_tag": "reinforcement-learning",
         "tags": list(dict.fromkeys(tags)),
         "model-index": [{
             "name": "PPO",
             "results": [{
                 "task": {"type": "reinforcement-learning", "name": "reinforcement-learning"},
-                "dataset": {"name": cfg.env, "type": env_tag(cfg.env)},
+                "dataset": {"name": dataset, "type": dataset},
                 "metrics": [{"type": "mean_reward", "value": f"{first['mean_return']:.2f} +/- {first['std_return']:.2f}",
                              "name": "mean_reward", "verified": False}],
             }],
@@ -270,6 +275,49 @@ def _usage(contract: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _reproduces(env: str) -> str:
+    """A line on what a built-in env reproduces (gymnasium's CartPole-v1 step for step), or nothing."""
+    gym_id, found = registry.gymnasium_id(env), registry.spec(env)
+    if gym_id is not None and not env.startswith("gym:"):
+        return f"`{env}` is gymnasium's {gym_id}, its dynamics and observations step for step, batched in torch.\n"
+    if found is not None and found.reproduces:
+        return f"`{env}` is {found.reproduces}, batched in torch.\n"
+    return ""
+
+
+def _limitations(cfg: Config, table: dict[str, Any], contract: dict[str, Any]) -> str:
+    """What the graph and the evaluation do not say."""
+    items = ["- The graph outputs greedy actions (and the distribution's parameters, from which a sampled action can be "
+             "drawn); the policy trained sampling, so greedy play can differ from its training.",
+             f"- The evaluation: {table['episodes']} episodes per row from seed {table['seed']}, on "
+             f"{'the evaluation options of ' if cfg.env_options else ''}`{cfg.env}`"
+             + (" (training-only options off)" if registry.evaluation_options(cfg.env, cfg.env_options) != cfg.env_options
+                else "") + "; it measures these opponents and this seed, not every opponent a user may bring."]
+    if not any(o["name"] == "value" for o in contract["outputs"]):
+        items.append("- The graph has no value output: this run's critic (MAPPO) reads the world's state, which the graph "
+                     "does not take.")
+    if table.get("game"):
+        items.append("- A game's rows against deterministic players repeat one game (see `distinct games`); exploitability "
+                     "is measured by `phalanx exploit`, not here.")
+    return "\n".join(items) + "\n"
+
+
+def train_command(cfg: Config) -> str:
+    """`phalanx train ...` with the keys of `cfg` that differ from its env's defaults (the machine's keys left out)."""
+    base = resolve({"env": cfg.env}).to_dict()
+    parts = ["phalanx", "train", "--env", cfg.env]
+    for key, value in cfg.to_dict().items():
+        if key in ("env", "env_options", *MACHINE_KEYS) or value == base.get(key):
+            continue
+        text = ",".join(str(v) for v in value) if isinstance(value, list) else \
+            str(value).lower() if isinstance(value, bool) else str(value)
+        parts += [f"--{key.replace('_', '-')}", shlex.quote(text)]
+    for key, value in cfg.env_options.items():
+        if value != base["env_options"].get(key):
+            parts += [f"--{key.replace('_', '-')}", shlex.quote(str(value).lower() if isinstance(value, bool) else str(value))]
+    return " ".join(parts)
+
+
 def _player(cfg: Config, num_agents: int) -> str:
     """The card's line on examples/onnx_play/play.py: its command where it plays the package (one slot, a gymnasium env
     to play in), else nothing (it plays gymnasium envs of one slot only)."""
@@ -281,10 +329,10 @@ def _player(cfg: Config, num_agents: int) -> str:
 
 
 def model_card(cfg: Config, num_agents: int, step: int | None, table: dict[str, Any], contract: dict[str, Any],
-               curve: str, replay: str, replay_note: str, versions: dict[str, Any]) -> str:
+               curve: str, replay: str, replay_note: str, versions: dict[str, Any], license: str = DEFAULT_LICENSE) -> str:
     """README.md: the YAML front matter (`card_metadata`) and the card's text. `curve` / `replay`: the files'
     names, or a line saying why there is none; `replay_note`: what the replay shows."""
-    meta = yaml.safe_dump(card_metadata(cfg, num_agents, table), sort_keys=False, allow_unicode=True)
+    meta = yaml.safe_dump(card_metadata(cfg, num_agents, table, license), sort_keys=False, allow_unicode=True)
     who = ("single agent" if num_agents == 1 else f"{num_agents} agent slots, the learner on one side" if table["head_to_head"]
            else f"{num_agents} agent slots, one shared policy")
     trained = f"{step:,} env steps" if step is not None else "an unknown number of steps"
@@ -306,6 +354,7 @@ def model_card(cfg: Config, num_agents: int, step: int | None, table: dict[str, 
         f"A policy (model `{cfg.model}`) for `{cfg.env}`{' ' + json.dumps(cfg.env_options) if cfg.env_options else ''} "
         f"({who}), trained with Phalanx's PPO for {trained}. `{ONNX_FILE}` plays it with onnxruntime alone (no PyTorch, "
         f"no Phalanx): raw observations in, greedy env actions out{normalised}.\n",
+        _reproduces(cfg.env),
         "## Evaluation\n",
         f"{table['episodes']} episodes per row, seed {table['seed']} ({against}). The interval is the 95% percentile "
         "bootstrap of the mean over episodes (2,000 resamples). The model-index above reports the first row, "
@@ -330,6 +379,16 @@ def model_card(cfg: Config, num_agents: int, step: int | None, table: dict[str, 
         f"| `{RESULTS_FILE}` | the evaluation table as JSON |\n"
         + (f"| `{CURVE_FILE}` | the learning curve |\n" if curve.endswith(".png") else "")
         + (f"| `{REPLAY_FILE}` | a replay of one greedy episode |\n" if replay.endswith(".gif") else ""),
+        "## Limitations\n",
+        _limitations(cfg, table, contract),
+        "## Reproduce\n",
+        "The command that trained this run (its keys off their defaults; the same Phalanx version replays it exactly on "
+        "the same device):\n",
+        "```bash\n" + train_command(cfg) + "\n```\n",
+        f"or, every key as it was: `phalanx train --config {CONFIG_FILE}`.\n",
+        "## License\n",
+        f"`{license}`" + (" (the default of `phalanx export --package`; `--license` chooses another)" if license ==
+                          DEFAULT_LICENSE else "") + ".\n",
         "## Training config\n",
         "```yaml\n" + yaml.safe_dump(config_summary(cfg), sort_keys=False, default_flow_style=None) + "```\n",
         f"The whole config: `{CONFIG_FILE}`. Trained with Phalanx {versions.get('phalanx', '?')} on torch "
@@ -380,7 +439,8 @@ def _versions(run_dir: Path) -> dict[str, Any]:
 
 
 
-def _stage(run_dir: Path, stage: Path, policy: Policy, checkpoint: Path, episodes: int, seed: int, opset: int) -> dict[str, Any]:
+def _stage(run_dir: Path, stage: Path, policy: Policy, checkpoint: Path, episodes: int, seed: int, opset: int,
+           license: str = DEFAULT_LICENSE) -> dict[str, Any]:
     """Every file of the package written into `stage`; -> what write_package reports."""
     cfg = policy.config
     onnx_path = export_onnx(policy, stage / ONNX_FILE, opset=opset)
@@ -414,7 +474,8 @@ def _stage(run_dir: Path, stage: Path, policy: Policy, checkpoint: Path, episode
     else:
         replay = f"No replay: env `{cfg.env}` does not render frames."
         replay_note = replay
-    card = model_card(cfg, facts["num_agents"], policy.step, table, contract, curve, replay, replay_note, _versions(run_dir))
+    card = model_card(cfg, facts["num_agents"], policy.step, table, contract, curve, replay, replay_note, _versions(run_dir),
+                      license)
     validate_card(card)
     (stage / CARD_FILE).write_text(card)
     return {"table": table, "curve": curve, "replay": replay, "replay_note": replay_note, "contract": contract}
@@ -422,7 +483,7 @@ def _stage(run_dir: Path, stage: Path, policy: Policy, checkpoint: Path, episode
 
 def write_package(run_dir: str | Path, out_dir: str | Path, checkpoint: str | Path | None = None,
                   episodes: int = DEFAULT_EPISODES, seed: int = DEFAULT_SEED, opset: int = DEFAULT_OPSET,
-                  overwrite: bool = False) -> dict[str, Any]:
+                  overwrite: bool = False, license: str = DEFAULT_LICENSE) -> dict[str, Any]:
     """Write the package of a run's policy (its latest checkpoint, or `checkpoint`) into `out_dir`: policy.onnx
     and policy.json, model.safetensors, config.json, results.json, README.md (the model card), learning_curve.png
     and, where the env renders, replay.gif. Staged in a hidden folder beside `out_dir` and moved in when whole.
@@ -439,7 +500,7 @@ def write_package(run_dir: str | Path, out_dir: str | Path, checkpoint: str | Pa
         out.parent.mkdir(parents=True, exist_ok=True)
         stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        report = _stage(run_dir, stage, policy, ckpt_dir, episodes, seed, opset)
+        report = _stage(run_dir, stage, policy, ckpt_dir, episodes, seed, opset, license)
         with writing("package folder", out):
             out.mkdir(exist_ok=True)
             for name in PACKAGE_FILES:

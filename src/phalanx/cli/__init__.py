@@ -36,7 +36,7 @@ from phalanx.errors import PhalanxError, Stopped, storage_reason
 from phalanx.exploit import DEFAULT_EPISODES as EXPLOIT_EPISODES
 from phalanx.exploit import DEFAULT_STEPS as EXPLOIT_STEPS
 from phalanx.export import DEFAULT_OPSET
-from phalanx.package import DEFAULT_EPISODES, DEFAULT_SEED
+from phalanx.package import DEFAULT_EPISODES, DEFAULT_LICENSE, DEFAULT_SEED
 
 COMMAND_GROUP = "phalanx.commands"
 
@@ -188,6 +188,8 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     px.add_argument("--seed", type=int, help=f"with --package: seed of the evaluation and the replay [{DEFAULT_SEED}]")
     px.add_argument("--overwrite", action="store_true", help="with --package: replace the package's files in a folder that "
                     "holds some (other files are kept)")
+    px.add_argument("--license", metavar="ID", help="with --package: the card's license, a Hub license id "
+                    f"(mit, apache-2.0, cc-by-4.0, other, ...) [{DEFAULT_LICENSE}]")
     px.add_argument("--push-to-hub", metavar="REPO_ID", help="with --package: upload the folder to this Hugging Face Hub "
                     "model repository (the hub extra; the token of `hf auth login` or HF_TOKEN)")
     for name, ep in plugin_commands().items():

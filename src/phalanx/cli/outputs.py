@@ -15,7 +15,7 @@ from phalanx.compare import compare
 from phalanx.envs import make, registered, registry
 from phalanx.errors import ConfigError, MissingExtraError
 from phalanx.export import export_onnx, file_sizes, read_contract, require_export_extra, sidecar_path
-from phalanx.package import DEFAULT_EPISODES, DEFAULT_SEED, check_repo_id, push_to_hub, write_package
+from phalanx.package import DEFAULT_EPISODES, DEFAULT_LICENSE, DEFAULT_SEED, check_repo_id, push_to_hub, write_package
 from phalanx.plot import plot_run, plot_runs
 from phalanx.policy import load
 from phalanx.sweep import open_sweep, read_spec, run_sweep
@@ -103,8 +103,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     require_export_extra()  # before anything is loaded: the one line names the extra to install
     if args.package is not None or args.push_to_hub:
         return _export_package(args)
-    given = [f for f, v in (("--episodes", args.episodes), ("--seed", args.seed), ("--overwrite", args.overwrite or None))
-             if v is not None]
+    given = [f for f, v in (("--episodes", args.episodes), ("--seed", args.seed), ("--overwrite", args.overwrite or None),
+                            ("--license", args.license)) if v is not None]
     if given:
         raise ConfigError(f"export {', '.join(given)}: these go with --package DIR (the evaluation in its model card)")
     run_dir = Path(args.run_dir)
@@ -129,7 +129,8 @@ def _export_package(args: argparse.Namespace) -> int:
     if args.push_to_hub:
         check_repo_id(args.push_to_hub)  # before the evaluation: a bad id or a missing extra costs nothing
     report = write_package(args.run_dir, args.package, checkpoint=args.checkpoint, episodes=episodes,
-                           seed=DEFAULT_SEED if args.seed is None else args.seed, opset=args.opset, overwrite=args.overwrite)
+                           seed=DEFAULT_SEED if args.seed is None else args.seed, opset=args.opset, overwrite=args.overwrite,
+                           license=args.license or DEFAULT_LICENSE)
     first = report["table"]["rows"][0]
     lo, hi = first["ci95"]
     print(f"wrote {report['dir']}: {', '.join(report['files'])}")
