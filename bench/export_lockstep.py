@@ -43,12 +43,15 @@ ROWS: dict[str, dict] = {
     "trial_nav-transformer": {"env": "trial_nav", "model": "transformer"},
     "trial_nav-lstm": {"env": "trial_nav", "model": "lstm"},
     "pixel_goal": {"env": "pixel_goal"},
+    "pixel_goal-lstm": {"env": "pixel_goal", "model": "lstm"},
     "duel-mlp": {"env": "duel", "model": "mlp"},
     "duel-strategy": {"env": "duel", "model": "strategy"},
     "gym:CartPole-v1": {"env": "gym:CartPole-v1"},
     "pz:simple_spread": {"env": "pz:mpe2.simple_spread_v3:parallel_env", "env_options": {"max_cycles": 25}},
 }
-SPEED_ROWS = ("cartpole", "trial_nav-transformer", "pixel_goal")
+# One row per model kind: mlp, transformer, lstm, cnn, cnn + lstm, strategy, role_attention.
+SPEED_ROWS = ("cartpole", "trial_nav-transformer", "trial_nav-lstm", "pixel_goal", "pixel_goal-lstm", "duel-strategy",
+              "drone_swarm")
 
 
 def prove(row: str, work: Path, episodes: int, lockstep_envs: int) -> dict:

@@ -295,6 +295,11 @@ class LSTMActorCritic(_MemoryActorCritic):
         return self.cell.seq(self.encoder(x), st, resets, active, idle_outputs)
 
 
+def _exporting() -> bool:
+    """Whether the forward runs to be exported as a graph (torch.export's tracing, or the TorchScript ONNX exporter)."""
+    return torch.compiler.is_exporting() or torch.onnx.is_in_onnx_export()
+
+
 class _Block(nn.Module):
     def __init__(self, width: int, activation: str):
         super().__init__()
@@ -347,6 +352,8 @@ class _CausalTransformer:
         return self.ln_f(h)
 
     def _step(self, x, st: KVCache, reset, active):
+        if _exporting():
+            return self._graph_step(x, st, reset, active)
         st.pos.masked_fill_(reset, 0)
         st.valid.masked_fill_(reset[:, None], False)
         n = x.shape[0]
@@ -360,6 +367,30 @@ class _CausalTransformer:
         out = self._layers(self._tokens(x, st.pos)[:, None], st, mask, write)[:, 0]
         st.valid[rows, slot] |= active
         st.pos += active
+        return out
+
+    def _graph_step(self, x, st: KVCache, reset, active):
+        """`_step` as an exported graph computes it (the same values), the state's tensors replaced, not written into:
+        each layer's cache gets its n new tokens by one index_put of [n] positions (ONNX ScatterND), and the layers
+        are stacked. The in-place write `st.k[i, rows, slot] = ...` exports as ScatterElements nodes with a full-size
+        int64 index, 77% of the transformer graph's time, which made it 7x slower than `Policy.act` at batch 1,024
+        (issue 63). A rollout keeps the in-place write (a captured step must write the memory it read)."""
+        pos = st.pos.masked_fill(reset, 0)
+        valid = st.valid.masked_fill(reset[:, None], False)
+        n = x.shape[0]
+        rows, slot, keep = torch.arange(n, device=x.device), pos % self.horizon, ~active[:, None]
+        here = (torch.arange(self.horizon, device=x.device) == slot[:, None]) & active[:, None]  # [n, K]
+        mask = torch.cat([valid, torch.ones(n, 1, dtype=torch.bool, device=x.device)], 1)[:, None, None]
+        keys, vals = [], []
+
+        def write(i, k, v):
+            keys.append(st.k[i].index_put((rows, slot), torch.where(keep, st.k[i][rows, slot], k)))
+            vals.append(st.v[i].index_put((rows, slot), torch.where(keep, st.v[i][rows, slot], v)))
+
+        cache = KVCache(st.k, st.v, pos, valid)
+        out = self._layers(self._tokens(x, pos)[:, None], cache, mask, write)[:, 0]
+        st.k, st.v = torch.stack(keys), torch.stack(vals)
+        st.valid, st.pos = valid | here, pos + active.long()
         return out
 
     def _seq(self, x, st: KVCache, resets, active, idle_outputs=True):

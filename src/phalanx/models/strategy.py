@@ -110,7 +110,10 @@ class StrategyActorCritic(_MemoryActorCritic):
         return torch.cat([e, self._attend(e, z)], -1)
 
     def _step(self, x, st: StrategyState, reset, active):
-        z = self._latent(self.strategy.step(self._opponent(x), st.kv, reset, active))
+        kv = st.kv
+        z = self._latent(self.strategy.step(self._opponent(x), kv, reset, active))
+        # A rollout's step writes into the same tensors; an exported graph's replaces them (`_graph_step`).
+        st.k, st.v, st.pos, st.valid = kv.k, kv.v, kv.pos, kv.valid
         return self.core.step(self._core_input(x, z), st.lstm, reset, active)
 
     def _seq(self, x, st: StrategyState, resets, active, idle_outputs=True):
