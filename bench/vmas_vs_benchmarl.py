@@ -175,7 +175,7 @@ def run_phalanx(task: str, seed: int, frames: int, eval_every: int, episodes: in
     from phalanx import checkpoint as ckpt
     from phalanx import devices
     from phalanx import runs as phalanx_runs
-    from phalanx.config import resolve
+    from phalanx.config import parse_text_layer, resolve
     from phalanx.trainer import Trainer
 
     # The process a user's `phalanx train` runs in: freed host memory kept for the next update (without it,
@@ -185,7 +185,7 @@ def run_phalanx(task: str, seed: int, frames: int, eval_every: int, episodes: in
     start = time.time()
     cfg = resolve({"env": f"vmas:{task}", "seed": seed, "total_steps": frames, "device": device, "run_dir": str(run_dir),
                    "checkpoint_every": eval_every, "keep_checkpoints": 1000, "progress": False, "tensorboard": False,
-                   "torch_threads": threads}, settings or {})
+                   "torch_threads": threads}, parse_text_layer(settings or {}))  # --phalanx-set's text
     # `phalanx.train` with the trainer's phase clock on (on a CPU it reads the clock and nothing else).
     trainer = Trainer(cfg)
     try:
