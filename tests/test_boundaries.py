@@ -15,7 +15,7 @@ from gae_reference import forward_reference, pending_reference
 
 import phalanx
 from phalanx.algo import PPOBatch, PPOParams, compute_gae, minibatch_step, pending_bootstrap, ppo_update
-from phalanx.config import Config, params_of, resolve
+from phalanx.config import Config, params_of, parse_text_layer, resolve
 from phalanx.distributed import Dist
 from phalanx.envs import registry
 from phalanx.envs.spaces import Discrete
@@ -330,25 +330,26 @@ def test_segment_rule_applies_to_memory_models_only():
     ("on", True), ("off", False), ("yes", True), ("no", False), ("true", True), ("0", False), ("1", True),
 ])
 def test_bool_text_means_the_same_for_config_keys_and_env_options(text, want):
-    assert resolve({"norm_obs": text}).norm_obs is want
+    # The command line's text (parse_text_layer); a Python caller's values are typed (tests/test_config_typing.py).
+    assert resolve(parse_text_layer({"norm_obs": text})).norm_obs is want
     opts = registry.resolve_options("bucket_brigade", {"legacy_phase_order": text})
     assert opts["legacy_phase_order"] is want
 
 
 @pytest.mark.parametrize("text, want", [("1e2", 100), ("2_000", 2000), ("64", 64), (64.0, 64)])
 def test_int_text_means_the_same_for_config_keys_and_env_options(text, want):
-    assert resolve({"num_envs": text}).num_envs == want
+    assert resolve(parse_text_layer({"num_envs": text})).num_envs == want
     assert registry.resolve_options("cartpole", {"max_steps": text})["max_steps"] == want
 
 
 @pytest.mark.parametrize("text", ["maybe", "1.5", "", "nan"])
 def test_bad_text_refused_alike_for_config_keys_and_env_options(text):
     with pytest.raises(ConfigError, match="num_envs"):
-        resolve({"num_envs": text})
+        resolve(parse_text_layer({"num_envs": text}))
     with pytest.raises(ConfigError, match="max_steps"):
         registry.resolve_options("cartpole", {"max_steps": text})
     with pytest.raises(ConfigError, match="norm_obs"):
-        resolve({"norm_obs": text})
+        resolve(parse_text_layer({"norm_obs": text}))
     with pytest.raises(ConfigError, match="legacy_phase_order"):
         registry.resolve_options("bucket_brigade", {"legacy_phase_order": text})
 
