@@ -153,7 +153,7 @@ def test_connect_four_defaults_to_the_board_model_and_another_model_drops_its_ke
     """The env's training defaults pick the board model with its options; `--model mlp` drops the board keys those
     defaults set (a user switching model is not refused over keys they never wrote), and keeps the ones they did."""
     cfg = resolve({"env": "connect_four"})
-    assert (cfg.model, cfg.lookahead, cfg.exact_outcomes, cfg.outcome_plies, cfg.board_channels) == ("board", True, True, 4, 16)
+    assert (cfg.model, cfg.lookahead, cfg.exact_outcomes, cfg.outcome_plies, cfg.board_channels) == ("board", True, True, 2, 16)
     mlp = resolve({"env": "connect_four", "model": "mlp"})
     assert (mlp.model, mlp.lookahead, mlp.exact_outcomes) == ("mlp", False, False)
     build_model(mlp, make("connect_four", num_envs=1))
