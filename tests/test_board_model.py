@@ -9,6 +9,7 @@ from phalanx.envs import make
 from phalanx.errors import ConfigError
 from phalanx.models.registry import build_model
 from phalanx.slots import random_actions
+from tests.board_positions import win_and_block
 
 
 def boards(name: str, n: int = 64, plies: int = 5):
@@ -110,15 +111,8 @@ def test_exact_outcomes_take_a_win_block_a_loss_and_train_on_the_moves_they_allo
     rollout's; and a plain model at the same weights plays other moves, so the test can fail."""
     env = make("connect_four", num_envs=2, seed=0)
     env.reset(seed=0)
-    # Copy 0: slot 0 to move, three in the bottom row (columns 0-2): column 3 wins. Copy 1: slot 0 to move and
-    # slot 1 has three in column 6: only column 6 stops it.
-    board = torch.zeros(2, 42, dtype=torch.long)
-    board[0, [35, 36, 37]] = 1
-    board[0, [28, 29, 30]] = 2
-    board[1, [41, 34, 27]] = 2
-    board[1, [35, 36, 28]] = 1
-    env.board, env.turn = board, torch.zeros(2, dtype=torch.long)
-    obs, mask = env._observe(board), env._mask()
+    win_and_block(env)  # copy 0: column 3 wins; copy 1: only column 6 stops the other side
+    obs, mask = env._observe(env.board), env._mask()
     cfg = {"env": "connect_four", "model": "board", "lookahead": True, "board_channels": 8}
     torch.manual_seed(0)
     model = build_model(resolve({**cfg, "exact_outcomes": True}), env)

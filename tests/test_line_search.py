@@ -10,6 +10,7 @@ from phalanx.draws import Draws
 from phalanx.envs import make
 from phalanx.evaluate import evaluate_seats
 from phalanx.slots import random_actions
+from tests.board_positions import win_and_block
 
 WIN_FLOOR = bench_c4.WIN - 10  # the bench scores a win found at ply p as WIN - p, positions by a heuristic far below
 
@@ -49,14 +50,7 @@ def test_connect_four_wins_and_losses_agree_with_the_bench_search(depth, positio
 def test_tactics_take_a_win_and_block_one():
     env = make("connect_four", num_envs=2, seed=0)
     env.reset(seed=0)
-    # Copy 0: slot 0 to move with three in the bottom row (columns 0-2): column 3 wins. Copy 1: slot 0 to move,
-    # slot 1 has three in column 6: only column 6 stops it.
-    board = torch.zeros(2, 42, dtype=torch.long)
-    board[0, [35, 36, 37]] = 1
-    board[0, [28, 29, 30]] = 2
-    board[1, [41, 34, 27]] = 2
-    board[1, [35, 36, 28]] = 1
-    env.board, env.turn = board, torch.zeros(2, dtype=torch.long)
+    win_and_block(env)  # copy 0: column 3 wins; copy 1: only column 6 stops the other side
     draws = Draws(torch.Generator().manual_seed(0))
     for _ in range(20):
         moves = env.scripted_actions("tactics_2", None, draws)

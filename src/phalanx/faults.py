@@ -39,13 +39,17 @@ def env_crash(e: Exception, env: VecEnv, rollout: object, cfg: Config, run_dir: 
                if f.f_locals.get("self") is rollout and isinstance(f.f_locals.get("t"), int)), None)
     step = global_step + (0 if at is None else at * cfg.num_envs * world)
     where = f"at step {step:,}" + ("" if at is None else f" (rollout step {at} of update {update_idx + 1})")
-    path = run_dir / "env_crash.txt"
+    written = _write_traceback(e, run_dir / "env_crash.txt")
+    return EnvCrashError(f"env '{cfg.env}' raised {where}: {one_line(e)}; {written}; {kept(run_dir)}")
+
+
+def _write_traceback(e: BaseException, path: Path) -> str:
+    """`e`'s traceback into `path`; -> what the one line says of it (where it is, or why it could not be written)."""
     try:
         path.write_text("".join(traceback.format_exception(e)).rstrip("\n") + "\n")
-        written = f"traceback in '{path}'"
+        return f"traceback in '{path}'"
     except OSError as fault:
-        written = f"its traceback could not be written to '{path}': {storage_reason(fault)}"
-    return EnvCrashError(f"env '{cfg.env}' raised {where}: {one_line(e)}; {written}; {kept(run_dir)}")
+        return f"its traceback could not be written to '{path}': {storage_reason(fault)}"
 
 
 def player_crash(e: Exception, run_dir: Path) -> OutsidePlayerError | None:
@@ -54,13 +58,7 @@ def player_crash(e: Exception, run_dir: Path) -> OutsidePlayerError | None:
     None for any other exception."""
     if not isinstance(e, OutsidePlayerError):
         return None
-    path = run_dir / "opponent_crash.txt"
-    cause = e.__cause__ or e
-    try:
-        path.write_text("".join(traceback.format_exception(cause)).rstrip("\n") + "\n")
-        written = f"traceback in '{path}'"
-    except OSError as fault:
-        written = f"its traceback could not be written to '{path}': {storage_reason(fault)}"
+    written = _write_traceback(e.__cause__ or e, run_dir / "opponent_crash.txt")
     return OutsidePlayerError(f"{e}; {written}; {kept(run_dir)}")
 
 
