@@ -37,6 +37,9 @@ CASES = {
     "transformer-trial_nav": dict(env="trial_nav", model="transformer", env_options={"trials": 2, "max_trial_steps": 3}),
     "strategy-duel": dict(env="duel", model="strategy", env_options={"time_limit": 12}),
     "role_attention-drone_swarm": dict(env="drone_swarm", model="role_attention", env_options={"max_steps": 8}),  # Box, MAPPO
+    # connect four's defaults: the board net with the lookahead (afterstates) and the exact outcomes narrowing the mask
+    # (the searchers' int64 bitboards in the graph); it could not be exported before (issue 63)
+    "board-connect_four": dict(env="connect_four", model="board", board_channels=4, outcome_plies=4),
 }
 
 
@@ -97,7 +100,9 @@ CENTRALISED = ("bucket_brigade", "drone_swarm")  # MAPPO by the env's training d
 def expected_io(name: str) -> tuple[list[str], list[str]]:
     model, env = CASES[name]["model"], CASES[name]["env"]
     memory = MEMORY.get(model, [])
-    inputs = ["obs", *(["episode_start", "active"] if memory else []), *(f"memory.{m}" for m in memory)]
+    masked = env in ("connect_four", "tictactoe")
+    inputs = ["obs", *(["action_mask"] if masked else []), *(["episode_start", "active"] if memory else []),
+              *(f"memory.{m}" for m in memory)]
     outputs = ["action", *DISTRIBUTION.get(env, ["logits"]), *([] if env in CENTRALISED else ["value"]),
                *(f"next_memory.{m}" for m in memory)]
     return inputs, outputs

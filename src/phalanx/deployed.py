@@ -26,6 +26,7 @@ from torch import nn
 
 from phalanx.envs.spaces import Box, Discrete, MultiDiscrete, Space
 from phalanx.errors import PhalanxError
+from phalanx.models.board import BoardActorCritic
 from phalanx.models.cnn import CNNActorCritic, CNNMemoryActorCritic
 from phalanx.models.layers import FastTanh
 from phalanx.models.memory import LSTMActorCritic, TransformerActorCritic
@@ -83,7 +84,7 @@ def memory_from_model(state: MemoryState, num_agents: int) -> dict[str, torch.Te
 
 # The model classes whose forward the deployed policy knows: the feed-forward ones by the path their `act`
 # takes to the action head (`_actor_output`), the memory ones through their step forward.
-FEED_FORWARD = (MLPActorCritic, CNNActorCritic, RoleAttentionActorCritic)
+FEED_FORWARD = (MLPActorCritic, CNNActorCritic, RoleAttentionActorCritic, BoardActorCritic)
 MEMORY = (LSTMActorCritic, TransformerActorCritic, StrategyActorCritic, CNNMemoryActorCritic)
 
 
@@ -93,6 +94,8 @@ def _actor_output(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return model.actor(model.actor_input(x))
     if isinstance(model, CNNActorCritic):
         return model.actor(model.features(x))
+    if isinstance(model, BoardActorCritic):
+        return model.forward_both(x)[0]
     return model.actor(model._features(model.actor_attn, x, None))  # RoleAttentionActorCritic, every slot present
 
 
@@ -200,6 +203,8 @@ class DeployedPolicy(nn.Module):
         mask = None
         if self.masked:
             mask, *rest = rest
+        if isinstance(self.model, BoardActorCritic):  # the moves it chooses from: the mask, narrowed by exact outcomes
+            mask = self.model.moves(x, mask)
         if not self.recurrent:
             out = _actor_output(self.model, x)
             return tuple(self._outputs(out, self.model.value(x) if self.has_value else None, mask))
