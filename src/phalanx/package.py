@@ -145,11 +145,12 @@ def evaluation_table(policy: Policy, episodes: int = DEFAULT_EPISODES, seed: int
     random play (a league run: the learner against each scripted opponent and random play, head to head).
     -> {"head_to_head": bool, "rows": [table_row ...], "episodes", "seed", "confidence"}."""
     cfg = policy.config
-    scripted = env_facts(cfg)["scripted"]
+    facts = env_facts(cfg)
+    scripted = facts["scripted"]
     common = dict(env_options=registry.evaluation_options(cfg.env, cfg.env_options), episodes=episodes, seed=seed,
                   device=policy.device)
     rows = []
-    if env_facts(cfg)["turn_based"]:  # a game: does it beat random play and the env's own players, from each seat?
+    if facts["turn_based"]:  # a game: does it beat random play and the env's own players, from each seat?
         for name in ["random", *scripted]:
             seats = evaluate_seats(policy, cfg.env, name, greedy=True, **common)
             rows.extend(seat_row(name, seat, seats[seat]) for seat in ("first", "second"))

@@ -116,7 +116,8 @@ def load(run_dir: str | Path, device: str = "cpu", checkpoint: str | Path | None
     run_dir = Path(run_dir)
     cfg = runs.load_run_config(run_dir)
     dev = resolve_device(device)
-    if checkpoint is None and ckpt.is_package(run_dir):
+    package = checkpoint is None and ckpt.is_package(run_dir)
+    if package:
         model_t, step, source = _package_weights(run_dir), _package_step(run_dir), f"package '{run_dir}'"
         obs_stats = ckpt.read_tensors(run_dir / ckpt.OBS_STATS_FILE, "package file") if cfg.norm_obs else {}
         norm_state = {f"obs.{k}": v.to(dev) for k, v in obs_stats.items()}
@@ -128,7 +129,7 @@ def load(run_dir: str | Path, device: str = "cpu", checkpoint: str | Path | None
         norm_state = {k: v for k, v in ckpt.section(state_t, "norms", dev).items() if not k.startswith("reward.")}
     env = make(cfg.env, num_envs=1, device=dev, seed=0, **cfg.env_options)
     model = build_model(cfg, env).to(dev)
-    if checkpoint is not None or not ckpt.is_package(run_dir):
+    if not package:
         ckpt.check_compatible(path, meta, cfg, model)
     ckpt.load_weights(model, model_t, source)
     model.eval()
