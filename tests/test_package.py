@@ -332,7 +332,8 @@ def test_a_game_card_answers_does_it_beat_random_from_each_seat(tmp_path):
     assert report["table"]["game"] and [(r["policy"], r["play"]) for r in rows[:2]] == [
         ("learned vs random", "greedy, first seat"), ("learned vs random", "greedy, second seat")]
     assert {r["policy"] for r in rows} == {f"learned vs {n}" for n in ("random", "tactics_1", "tactics_2", "tactics_3",
-                                                                         "tactics_4")}
+                                                                         "tactics_4", "threats_1", "threats_2",
+                                                                         "threats_3", "threats_4")}
     for r in rows:
         assert r["wins"] + r["draws"] + r["losses"] == r["episodes"] == 6 and 1 <= r["distinct_games"] <= 6
         assert r["mean_return"] == pytest.approx((r["wins"] - r["losses"]) / 6)

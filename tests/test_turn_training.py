@@ -226,7 +226,7 @@ def test_eval_of_a_game_answers_does_it_beat_random_from_each_seat_and_counts_re
     capsys.readouterr()
     assert main(["eval", run, "--episodes", "6", "--json"]) == 0
     table = json.loads(capsys.readouterr().out)["vs"]
-    assert list(table) == ["random", "tactics_1", "tactics_2", "tactics_3", "tactics_4"]
+    assert list(table) == ["random", *(f"{kind}_{d}" for kind in ("tactics", "threats") for d in (1, 2, 3, 4))]
     assert all(table[n][seat]["episodes"] == 6 for n in table for seat in ("first", "second"))
     # bench's perfect player breaks ties by a fixed order: against the greedy policy every game is the same one
     assert main(["eval", run, "--vs", "bench.games.tictactoe:act", "--episodes", "5"]) == 0

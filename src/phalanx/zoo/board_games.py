@@ -77,8 +77,10 @@ class LineGameEnv(VecEnv):
     renders = True
     has_afterstates = True
     has_move_outcomes = True
-    # The searches of zoo/line_search.py, d plies deep (`tactics_d`): league members and sparring partners.
-    scripted_names = ("tactics_1", "tactics_2", "tactics_3", "tactics_4", "random")
+    # The searches of zoo/line_search.py, d plies deep: `tactics_d` sees outcomes only, `threats_d` judges the
+    # positions at its horizon too. League members and sparring partners.
+    scripted_names = ("tactics_1", "tactics_2", "tactics_3", "tactics_4", "threats_1", "threats_2", "threats_3",
+                      "threats_4", "random")
     rows: int
     cols: int
     k: int
@@ -213,7 +215,7 @@ class LineGameEnv(VecEnv):
         return self._record(obs, final_obs, reward, ended, {"win": win, "draw": draw, "illegal_moves": illegal.float()})
 
     def scripted_actions(self, name: str, record: StepRecord, draws: Source) -> torch.Tensor:
-        """[N, 2]: `tactics_d`'s move for the slot to move (zoo/line_search.py), any move for the one that waits."""
+        """[N, 2]: `tactics_d`'s or `threats_d`'s move for the slot to move (zoo/line_search.py), any move for the one that waits."""
         return self.scripted_actions_in(name, record, draws, None)
 
     def scripted_actions_in(self, name: str, record: StepRecord, draws: Source, rows: torch.Tensor | None) -> torch.Tensor:
@@ -222,12 +224,13 @@ class LineGameEnv(VecEnv):
             return self.action_space.sample(self.num_envs, 2, draws, self.device, mask=self._mask())
         if name not in self.scripted_names:
             raise KeyError(f"env '{self.name}' has no scripted policy '{name}'; known: {', '.join(self.scripted_names)}")
-        depth = int(name.rpartition("_")[2])
+        kind, _, depth = name.rpartition("_")
+        judged = kind == "threats"
         if rows is None:
-            move = self.search.choose(self.board, self.turn + 1, depth, draws)
+            move = self.search.choose(self.board, self.turn + 1, int(depth), draws, judged)
         else:
             move = torch.zeros(self.num_envs, dtype=torch.long, device=self.device)
-            move[rows] = self.search.choose(self.board[rows], self.turn[rows] + 1, depth, draws)
+            move[rows] = self.search.choose(self.board[rows], self.turn[rows] + 1, int(depth), draws, judged)
         return torch.nn.functional.one_hot(self.turn, 2) * move.unsqueeze(1)
 
     def turn_observations(self) -> list[tuple[int, Any]]:

@@ -24,6 +24,24 @@ from phalanx.draws import Source, uniform
 WIN = 1.0
 # A win found one ply later is worth this much less, so that the soonest win (and the slowest loss) is preferred.
 DECAY = 0.01
+# A judged position's worth stays within +-JUDGED: below any win or loss the search finds.
+JUDGED = 0.5
+# Judging every leaf of a 4-ply tree costs some 15 times a 3-ply one's (2,401 boards a position): deeper searches
+# see outcomes to their depth and judge the positions 3 plies deep.
+JUDGED_PLIES = 3
+# `threats_d` takes any move this close to the best judged one (about one point of its score), so its games vary.
+EQUAL_JUDGEMENT = 0.02
+
+
+def popcount(bits: torch.Tensor) -> torch.Tensor:
+    """The set bits of each non-negative int64 (below 2 ** 62), in the usual parallel bit sums."""
+    x = bits - ((bits >> 1) & 0x5555555555555555)
+    x = (x & 0x3333333333333333) + ((x >> 2) & 0x3333333333333333)
+    x = (x + (x >> 4)) & 0x0F0F0F0F0F0F0F0F
+    x = x + (x >> 8)
+    x = x + (x >> 16)
+    x = x + (x >> 32)
+    return x & 0x7F
 
 
 class LineSearch:
@@ -46,6 +64,12 @@ class LineSearch:
         self.full = int(sum(1 << b for row in bit for b in row))
         # The shifts of a line: up a column, along a row, and the two diagonals.
         self.shifts = (1, self.height, self.height - 1, self.height + 1)
+        # For the positional judgement (`judge`): the cells on rows of odd height (counted from 1 at the bottom;
+        # with gravity they decide who gets a threat), the centre column(s) and the columns beside them.
+        self.odd_rows = int(sum(1 << bit[r][c] for r in range(rows) for c in range(cols) if (rows - 1 - r) % 2 == 0))
+        mid = (cols - 1) / 2
+        self.centre = int(sum(1 << bit[r][c] for r in range(rows) for c in range(cols) if abs(c - mid) < 1))
+        self.near_centre = int(sum(1 << bit[r][c] for r in range(rows) for c in range(cols) if 1 <= abs(c - mid) < 2))
 
     def pieces(self, board: torch.Tensor, mark: torch.Tensor) -> torch.Tensor:
         """[M] int64: the bitboard of the pieces of `mark` [M] (1 or 2) on boards [M, cells]."""
@@ -96,22 +120,71 @@ class LineSearch:
         piece = self.cell_bits.expand(mine.shape[0], -1)
         return piece, (taken & piece) == 0
 
-    def values(self, mine: torch.Tensor, theirs: torch.Tensor, depth: int) -> torch.Tensor:
+    def values(self, mine: torch.Tensor, theirs: torch.Tensor, depth: int, judged: bool = False) -> torch.Tensor:
         """[M, n]: each move's value for the player to move, searched `depth` plies (the move itself the first):
-        +WIN - DECAY * (plies - 1) a win, the negation a loss, 0 neither within the horizon; -inf illegal."""
+        +WIN - DECAY * (plies - 1) a win, the negation a loss; neither within the horizon: 0, or with `judged` the
+        `judge`d worth of the position the horizon reaches (within +-JUDGED; judged at most JUDGED_PLIES deep,
+        outcomes seen to `depth`); -inf illegal."""
+        if judged and depth > JUDGED_PLIES:
+            outcome = self.values(mine, theirs, depth)
+            return torch.where(outcome.abs() > JUDGED, outcome, self.values(mine, theirs, JUDGED_PLIES, True))
         piece, legal = self.play(mine, theirs)
         after = mine.unsqueeze(1) | piece
-        if depth == 2:
+        if depth == 2 and not judged:
             return self._two_plies(mine, theirs, piece, legal)
         won = self.won(after) & legal
         value = torch.where(won, WIN, 0.0)
+        full = ((after | theirs.unsqueeze(1)) == self.full)
         if depth > 1:
-            full = ((after | theirs.unsqueeze(1)) == self.full)
-            reply = self.values(theirs.unsqueeze(1).expand_as(after).reshape(-1), after.reshape(-1), depth - 1)
+            reply = self.values(theirs.unsqueeze(1).expand_as(after).reshape(-1), after.reshape(-1), depth - 1, judged)
             best = reply.max(-1).values.view(legal.shape)
             best = torch.where(torch.isfinite(best), best, 0.0)
-            value = torch.where(won | full, value, -(best - torch.sign(best) * DECAY))
+            decided = best.abs() > JUDGED
+            value = torch.where(won | full, value, -torch.where(decided, best - torch.sign(best) * DECAY, best))
+        elif judged:
+            worth = self.judge(theirs.unsqueeze(1).expand_as(after).reshape(-1), after.reshape(-1)).view(legal.shape)
+            value = torch.where(won | full, value, -worth)
         return torch.where(legal, value, -torch.inf)
+
+    def judge(self, mine: torch.Tensor, theirs: torch.Tensor) -> torch.Tensor:
+        """[M] in (-JUDGED, JUDGED): the worth of positions for the player to move (`mine`) by their shape alone, on
+        the bitboards: each side's lines of k that the other has no piece in, more for the fuller; its threats (empty
+        cells that would complete a line), with gravity a threat on the rows that favour its owner counted twice (the
+        first player's on odd rows from the bottom, the second's on even rows: whoever must fill the cell below a
+        threat late in a game usually does); and its pieces in the centre columns."""
+        taken = mine | theirs
+        empty = ~taken & self.full
+        mover_first = popcount(mine) == popcount(theirs)
+        if self.gravity:
+            mover_rows = torch.where(mover_first, self.odd_rows, self.full & ~self.odd_rows)
+        else:
+            mover_rows = torch.zeros_like(mine)
+        score = torch.zeros(mine.shape, device=mine.device)
+        for sign, own, other, rows in ((1.0, mine, theirs, mover_rows), (-1.0, theirs, mine, self.full & ~mover_rows)):
+            threats = self.winning_cells(own) & empty
+            worth = self.open_lines(own, other) + 4.0 * (popcount(threats) + popcount(threats & rows)).float()
+            worth = worth + (2 * popcount(own & self.centre) + popcount(own & self.near_centre)).float()
+            score = score + sign * worth
+        return JUDGED * torch.tanh(score / 20.0)
+
+    def open_lines(self, own: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+        """[M] float: the lines of k holding none of `other`'s pieces, each worth 3 ** (pieces of `own` - 1) up to k - 2
+        pieces (fuller ones are threats, counted apart). Counted bit-sliced: for each line direction, bit x of
+        `at_least[j]` says the line from cell x on holds at least j of `own`'s pieces."""
+        free = self.full & ~other
+        total = torch.zeros(own.shape, device=own.device)
+        for s in self.shifts:
+            open_line = torch.full_like(own, -1)
+            at_least = [torch.full_like(own, -1)] + [torch.zeros_like(own) for _ in range(self.k)]
+            for i in range(self.k):
+                open_line = open_line & (free >> (i * s))
+                cell = own >> (i * s)
+                for j in range(i + 1, 0, -1):
+                    at_least[j] = at_least[j] | (at_least[j - 1] & cell)
+            for j in range(1, self.k - 1):
+                exactly = open_line & at_least[j] & ~at_least[j + 1]
+                total = total + 3.0 ** (j - 1) * popcount(exactly).float()
+        return total
 
     def _two_plies(self, mine: torch.Tensor, theirs: torch.Tensor, piece: torch.Tensor,
                    legal: torch.Tensor) -> torch.Tensor:
@@ -128,9 +201,12 @@ class LineSearch:
         value = torch.where(win, WIN, torch.where(full | ~lose, 0.0, -(WIN - DECAY)))
         return torch.where(legal, value, -torch.inf)
 
-    def choose(self, board: torch.Tensor, mark: torch.Tensor, depth: int, draws: Source) -> torch.Tensor:
-        """[M]: a best move of boards [M, cells] for the player of `mark` [M], uniformly at random among the equals."""
-        value = self.values(*self.bitboards(board, mark), depth)
+    def choose(self, board: torch.Tensor, mark: torch.Tensor, depth: int, draws: Source,
+               judged: bool = False) -> torch.Tensor:
+        """[M]: a best move of boards [M, cells] for the player of `mark` [M], uniformly at random among the equals
+        (with `judged`, among the moves within EQUAL_JUDGEMENT of the best)."""
+        value = self.values(*self.bitboards(board, mark), depth, judged)
         best = value.max(-1, keepdim=True).values
-        score = torch.where(value >= best - 1e-6, uniform(draws, tuple(value.shape), board.device), -1.0)
+        margin = EQUAL_JUDGEMENT if judged else 1e-6
+        score = torch.where(value >= best - margin, uniform(draws, tuple(value.shape), board.device), -1.0)
         return score.argmax(-1)
