@@ -270,6 +270,36 @@ def test_memory_policy_resume_is_bit_identical(tmp_path, model):
         assert torch.equal(a[k], b[k]), k
 
 
+def test_a_transformer_checkpoint_with_the_cache_layers_first_resumes_bit_identically(tmp_path):
+    """The KV cache now keeps its slots first (issue 63: a deployed graph transposed it in and out of every call);
+    a checkpoint written before (cache [layers, B, ...], no "memory_layout" in its meta) still resumes exactly."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from phalanx import checkpoint as ckpt
+
+    cfg = {"env": "trial_nav", "num_envs": 4, "num_steps": 16, "num_minibatches": 2, "num_epochs": 2,
+           "model": "transformer", "tf_horizon": 8, "tf_layers": 3, "total_steps": 4 * 16 * 4, "checkpoint_every": 64,
+           "progress": False, "tensorboard": False}
+    phalanx.train(run_dir=tmp_path / "full", **cfg)
+    phalanx.train(run_dir=tmp_path / "part", max_updates=2, **cfg)
+    saved = ckpt.latest_checkpoint(tmp_path / "part")
+    state = load_file(str(saved / ckpt.STATE_FILE))
+    assert state["memory.k"].shape[:2] == (4 * 2, 3)  # 4 envs x 2 agents, then the layers
+    for name in ("memory.k", "memory.v"):
+        state[name] = state[name].transpose(0, 1).contiguous()
+    save_file(state, str(saved / ckpt.STATE_FILE))
+    meta = json.loads((saved / "meta.json").read_text())
+    del meta["memory_layout"]
+    meta["digests"][ckpt.STATE_FILE] = ckpt._digest(saved / ckpt.STATE_FILE)
+    (saved / "meta.json").write_text(json.dumps(meta))
+    phalanx.train(resume=tmp_path / "part")
+    a = load_file(str(ckpt.latest_checkpoint(tmp_path / "full") / "model.safetensors"))
+    b = load_file(str(ckpt.latest_checkpoint(tmp_path / "part") / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_a_per_world_critic_values_every_agent_in_one_pass(tmp_path):
     """`mappo_values: per_world`: the state alone in, one output per agent (no id appended, one pass per world);
     its values fit the returns as the per-agent critic's do (explained variance after a few updates)."""

@@ -158,6 +158,6 @@ def test_duel_defaults():
     m = StrategyActorCritic(MemorySettings(64, MultiDiscrete((2,) * 10)))
     assert m.opponent_features == (32, 64) and m.strategy.horizon == 90
     st = m.initial_state(3)
-    assert st.k.shape == (2, 3, 90, 64) and st.h.shape == (3, 128)
+    assert st.k.shape == (3, 2, 90, 64) and st.h.shape == (3, 128)
     with pytest.raises(ValueError):
         StrategyActorCritic(MemorySettings(64, MultiDiscrete((2,) * 10)), opponent_features=(40, 70))

@@ -67,6 +67,11 @@ class Counters:
     recent_returns: list[float] = field(default_factory=list)
 
 
+# How checkpoints lay out a rollout's memory: 1 (no "memory_layout" in the meta) kept a KV cache [layers, B, ...], 2 puts
+# the slots first as the models now keep it (issue 63).
+MEMORY_LAYOUT = 2
+
+
 def state_tensors(run: Checkpointed) -> dict[str, torch.Tensor]:
     """Every tensor a resume needs besides the weights: optimizer moments, normalisers, the
     rollout (envs, records, episode counters, memory), the league and the RNG states."""
@@ -96,6 +101,7 @@ def save(run: Checkpointed, at: Counters) -> Path:
         "config": run.cfg.to_dict(),
         "model_shapes": {k: list(v.shape) for k, v in run.model.state_dict().items()},
         "lr": [run.lr],
+        "memory_layout": MEMORY_LAYOUT,
         "recent_returns": at.recent_returns,
         "python_rng": [py_state[0], list(py_state[1]), py_state[2]],
         "numpy_rng": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
@@ -136,7 +142,7 @@ def restore(run: Checkpointed, path: Path) -> Counters:
                                       for k, v in st.items()}
     set_lr(run, float(meta["lr"][0]))
     run.norms.load_state_dict(ckpt.section(state_t, "norms", dev))
-    load_rollout(run.rollout, state_t)
+    load_rollout(run.rollout, state_t, int(meta.get("memory_layout", 1)))
     if run.league is not None:
         run.league.load(_league_state(run.run_dir, path, meta), state_t)
     set_generator_state(run.gen, state_t["trainer.rng"])
@@ -163,7 +169,7 @@ def rollout_tensors(rollout: Playing) -> dict[str, torch.Tensor]:
     return out
 
 
-def load_rollout(rollout: Playing, tensors: dict[str, torch.Tensor]) -> None:
+def load_rollout(rollout: Playing, tensors: dict[str, torch.Tensor], memory_layout: int = MEMORY_LAYOUT) -> None:
     """Put `rollout_tensors` back (from a checkpoint's tensors, on any device): new tensors, which a recorded CUDA
     graph does not read (the trainer has its steps recorded again: `Steps.forget`)."""
     dev = rollout.device
@@ -178,7 +184,10 @@ def load_rollout(rollout: Playing, tensors: dict[str, torch.Tensor]) -> None:
     rollout.counters.load_state(ckpt.section(tensors, "trainer"))
     if "trainer.prev_done" in tensors:  # older checkpoints of memoryless runs lack it (it resets teammates' memory)
         rollout.prev_done = tensors["trainer.prev_done"].to(dev)
-    rollout.memory = type(rollout.memory).of({k: v.to(dev) for k, v in ckpt.section(tensors, "memory").items()})
+    memory = {k: v.to(dev) for k, v in ckpt.section(tensors, "memory").items()}
+    if memory_layout < 2 and "k" in memory:  # a KV cache written layers first
+        memory["k"], memory["v"] = memory["k"].transpose(0, 1).contiguous(), memory["v"].transpose(0, 1).contiguous()
+    rollout.memory = type(rollout.memory).of(memory)
 
 
 def step_state(rollout: Playing, stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

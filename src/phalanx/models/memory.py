@@ -35,7 +35,7 @@ reshaped into several segments per slot, each with the state stored at its start
 States (dataclasses, batch axis = flattened slots):
 
 - `LSTMState(h [B, H], c [B, H])`.
-- `KVCache(k, v [layers, B, horizon, width], pos [B] long, valid [B, horizon] bool)`: a ring buffer
+- `KVCache(k, v [B, layers, horizon, width], pos [B] long, valid [B, horizon] bool)`: a ring buffer
   (the token at episode position p lives in slot p % horizon); `pos` counts this episode's active
   steps so far (the position of the next token); `valid` marks slots written in this episode.
 
@@ -86,11 +86,13 @@ class LSTMState(MemoryState):
 
 @dataclasses.dataclass
 class KVCache(MemoryState):
-    k: torch.Tensor  # [layers, B, horizon, width]
-    v: torch.Tensor  # [layers, B, horizon, width]
+    k: torch.Tensor  # [B, layers, horizon, width]
+    v: torch.Tensor  # [B, layers, horizon, width]
     pos: torch.Tensor  # [B] long: active steps so far in the episode
     valid: torch.Tensor  # [B, horizon] bool
-    _batch_dims = {"k": 1, "v": 1, "pos": 0, "valid": 0}
+    # Slots first, as a deployed graph feeds them ([B, A, ...] is a reshape away): with the layers first the graph
+    # transposed the whole cache in and out of every call (issue 63).
+    _batch_dims = {"k": 0, "v": 0, "pos": 0, "valid": 0}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -329,7 +331,7 @@ class _CausalTransformer:
         self.register_buffer("freq", freq, persistent=False)
 
     def initial_state(self, batch_size: int, device: torch.device | str | None = None) -> KVCache:
-        kv = torch.zeros(self.num_layers, batch_size, self.horizon, self.width, device=device, dtype=self.embed.weight.dtype)
+        kv = torch.zeros(batch_size, self.num_layers, self.horizon, self.width, device=device, dtype=self.embed.weight.dtype)
         return KVCache(kv, kv.clone(), torch.zeros(batch_size, dtype=torch.long, device=device),
                        torch.zeros(batch_size, self.horizon, dtype=torch.bool, device=device))
 
@@ -343,13 +345,40 @@ class _CausalTransformer:
         split = lambda z: z.reshape(n, z.shape[1], self.heads, w // self.heads).transpose(1, 2)  # noqa: E731
         for i, blk in enumerate(self.blocks):
             q, k, v = blk.qkv(blk.ln1(h)).chunk(3, -1)
-            keys, vals = torch.cat([st.k[i], k], 1), torch.cat([st.v[i], v], 1)
-            a = F.scaled_dot_product_attention(split(q), split(keys), split(vals), attn_mask=mask)
-            h = h + blk.proj(a.transpose(1, 2).reshape(n, tq, w))
+            if tq == 1 and _exporting():
+                a = self._graph_attention(q[:, 0], k[:, 0], v[:, 0], st.k, st.v, i, mask[:, 0, 0])[:, None]
+            else:
+                keys, vals = torch.cat([st.k[:, i], k], 1), torch.cat([st.v[:, i], v], 1)
+                a = F.scaled_dot_product_attention(split(q), split(keys), split(vals), attn_mask=mask)
+                a = a.transpose(1, 2).reshape(n, tq, w)
+            h = h + blk.proj(a)
             h = h + blk.mlp(blk.ln2(h))
             if write is not None:
                 write(i, k[:, 0], v[:, 0])
         return self.ln_f(h)
+
+    def _graph_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor,
+                         cache_v: torch.Tensor, layer: int, mask: torch.Tensor) -> torch.Tensor:
+        """One token's attention in `layer` as an exported step computes it: q, k, v [B, W], the caches of every layer
+        [B, layers, horizon, W], mask [B, horizon + 1] (the cache's slots, then the token itself); the values of
+        `scaled_dot_product_attention`. The caches are read as they are laid out, by two matmuls whose other side
+        spreads the heads over a block diagonal ([B, heads, W]) and spans every layer (the other layers' weights are
+        zeros; the runtime fuses the transpose into the first matmul): no copy of a layer's cache, no transposed
+        copy into heads, no copy of cache and token concatenated, no product as large as the cache. Those copies
+        were most of the graph's time (issue 63)."""
+        n, w = q.shape
+        K = self.horizon
+        heads = (torch.arange(self.heads, device=q.device)[:, None]
+                 == torch.arange(w, device=q.device) // (w // self.heads)).to(q.dtype)  # [heads, W]
+        qh = q[:, None] * heads * (w // self.heads) ** -0.5  # [B, heads, W]: each head's part of the query
+        to_cache = (qh @ cache_k.flatten(1, 2).transpose(1, 2))[:, :, layer * K:(layer + 1) * K]
+        scores = torch.cat([to_cache, (qh * k[:, None]).sum(-1, keepdim=True)], 2)  # [B, heads, horizon + 1]
+        blocked = torch.zeros_like(mask, dtype=q.dtype).masked_fill(~mask, -torch.inf)[:, None]
+        weights = (scores + blocked).softmax(-1)
+        spread = torch.cat([weights.new_zeros(n, self.heads, layer * K), weights[:, :, :-1],
+                            weights.new_zeros(n, self.heads, (self.num_layers - 1 - layer) * K)], 2)
+        mixed = spread @ cache_v.flatten(1, 2) + weights[:, :, -1:] * v[:, None]  # [B, heads, W]
+        return (mixed * heads).sum(1)
 
     def _step(self, x, st: KVCache, reset, active):
         if _exporting():
@@ -361,8 +390,8 @@ class _CausalTransformer:
         mask = torch.cat([st.valid, torch.ones(n, 1, dtype=torch.bool, device=x.device)], 1)[:, None, None]
 
         def write(i, k, v):  # ring-buffer write of the active slots, one indexed store for the batch
-            st.k[i, rows, slot] = torch.where(keep, st.k[i, rows, slot], k)
-            st.v[i, rows, slot] = torch.where(keep, st.v[i, rows, slot], v)
+            st.k[rows, i, slot] = torch.where(keep, st.k[rows, i, slot], k)
+            st.v[rows, i, slot] = torch.where(keep, st.v[rows, i, slot], v)
 
         out = self._layers(self._tokens(x, st.pos)[:, None], st, mask, write)[:, 0]
         st.valid[rows, slot] |= active
@@ -371,25 +400,28 @@ class _CausalTransformer:
 
     def _graph_step(self, x, st: KVCache, reset, active):
         """`_step` as an exported graph computes it (the same values), the state's tensors replaced, not written into:
-        each layer's cache gets its n new tokens by one index_put of [n] positions (ONNX ScatterND), and the layers
-        are stacked. The in-place write `st.k[i, rows, slot] = ...` exports as ScatterElements nodes with a full-size
-        int64 index, 77% of the transformer graph's time, which made it 7x slower than `Policy.act` at batch 1,024
-        (issue 63). A rollout keeps the in-place write (a captured step must write the memory it read)."""
+        the layers' new tokens go into the cache by one index_put of [n, layers] positions (ONNX ScatterND) after the
+        last layer. The in-place write `st.k[rows, i, slot] = ...` exports as ScatterElements nodes with a full-size
+        int64 index, 77% of the transformer graph's time, which made it 7x slower than `Policy.act` at batch 1,024,
+        and a write per layer then stacked copied the cache three times (issue 63). A rollout keeps the in-place
+        write (a captured step must write the memory it read)."""
         pos = st.pos.masked_fill(reset, 0)
         valid = st.valid.masked_fill(reset[:, None], False)
         n = x.shape[0]
-        rows, slot, keep = torch.arange(n, device=x.device), pos % self.horizon, ~active[:, None]
+        slot, keep = pos % self.horizon, ~active[:, None, None]
         here = (torch.arange(self.horizon, device=x.device) == slot[:, None]) & active[:, None]  # [n, K]
         mask = torch.cat([valid, torch.ones(n, 1, dtype=torch.bool, device=x.device)], 1)[:, None, None]
         keys, vals = [], []
 
         def write(i, k, v):
-            keys.append(st.k[i].index_put((rows, slot), torch.where(keep, st.k[i][rows, slot], k)))
-            vals.append(st.v[i].index_put((rows, slot), torch.where(keep, st.v[i][rows, slot], v)))
+            keys.append(k)
+            vals.append(v)
 
-        cache = KVCache(st.k, st.v, pos, valid)
-        out = self._layers(self._tokens(x, pos)[:, None], cache, mask, write)[:, 0]
-        st.k, st.v = torch.stack(keys), torch.stack(vals)
+        out = self._layers(self._tokens(x, pos)[:, None], KVCache(st.k, st.v, pos, valid), mask, write)[:, 0]
+        at = (torch.arange(n, device=x.device)[:, None], torch.arange(self.num_layers, device=x.device)[None, :],
+              slot[:, None])  # [n, layers] positions of the new tokens
+        st.k = st.k.index_put(at, torch.where(keep, st.k[at], torch.stack(keys, 1)))
+        st.v = st.v.index_put(at, torch.where(keep, st.v[at], torch.stack(vals, 1)))
         st.valid, st.pos = valid | here, pos + active.long()
         return out
 

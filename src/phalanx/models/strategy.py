@@ -38,8 +38,8 @@ from phalanx.models.state import MemoryState
 class StrategyState(MemoryState):
     """The strategy encoder's KV cache (k, v, pos, valid as in `KVCache`) and the LSTM core's (h, c)."""
 
-    k: torch.Tensor  # [layers, B, history, width]
-    v: torch.Tensor  # [layers, B, history, width]
+    k: torch.Tensor  # [B, layers, history, width]
+    v: torch.Tensor  # [B, layers, history, width]
     pos: torch.Tensor  # [B] long
     valid: torch.Tensor  # [B, history] bool
     h: torch.Tensor  # [B, hidden]
