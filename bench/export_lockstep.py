@@ -46,12 +46,13 @@ ROWS: dict[str, dict] = {
     "pixel_goal-lstm": {"env": "pixel_goal", "model": "lstm"},
     "duel-mlp": {"env": "duel", "model": "mlp"},
     "duel-strategy": {"env": "duel", "model": "strategy"},
+    "connect_four": {"env": "connect_four"},  # the board model, with its exact outcomes (2 plies) in the graph
     "gym:CartPole-v1": {"env": "gym:CartPole-v1"},
     "pz:simple_spread": {"env": "pz:mpe2.simple_spread_v3:parallel_env", "env_options": {"max_cycles": 25}},
 }
-# One row per model kind: mlp, transformer, lstm, cnn, cnn + lstm, strategy, role_attention.
+# One row per model kind: mlp, transformer, lstm, cnn, cnn + lstm, strategy, role_attention, board.
 SPEED_ROWS = ("cartpole", "trial_nav-transformer", "trial_nav-lstm", "pixel_goal", "pixel_goal-lstm", "duel-strategy",
-              "drone_swarm")
+              "drone_swarm", "connect_four")
 
 
 def prove(row: str, work: Path, episodes: int, lockstep_envs: int) -> dict:
@@ -69,10 +70,13 @@ def speed(row: str, work: Path, batch: int, calls: int) -> dict:
     session = onnx_session(run / "export" / "policy.onnx", threads=1)
     deployed = DeployedPolicy(policy)
     env = make(policy.config.env, num_envs=batch, seed=3, **policy.config.env_options)
-    obs = env.reset(seed=3).obs
+    record = env.reset(seed=3)
     env.close()
+    obs, mask = record.obs, record.action_mask
     A = obs.shape[1]
     feeds = {"obs": obs.numpy()}
+    if deployed.masked:
+        feeds["action_mask"] = mask.numpy()
     if deployed.recurrent:
         feeds["episode_start"] = np.zeros((batch, A), dtype=bool)
         feeds["active"] = np.ones((batch, A), dtype=bool)
@@ -86,7 +90,7 @@ def speed(row: str, work: Path, batch: int, calls: int) -> dict:
                 feeds["memory." + name[len("next_memory."):]] = value
 
     def run_torch() -> None:
-        policy.act(obs, greedy=True)
+        policy.act(obs, greedy=True, mask=mask)
 
     times: dict[str, list[float]] = {"onnxruntime": [], "policy.act": []}
     for _ in range(20):

@@ -32,7 +32,7 @@ from phalanx.models.layers import FastTanh
 from phalanx.models.memory import LSTMActorCritic, TransformerActorCritic
 from phalanx.models.mlp import ActionHead, MLPActorCritic
 from phalanx.models.role_attention import RoleAttentionActorCritic
-from phalanx.models.state import MemoryState
+from phalanx.models.state import MemoryState, exporting
 from phalanx.models.strategy import StrategyActorCritic
 from phalanx.policy import Policy, frozen_copy
 
@@ -65,11 +65,13 @@ def distribution_names(space: Space) -> tuple[str, ...]:
 
 
 def memory_to_model(memory: dict[str, torch.Tensor], memory_type: type[MemoryState]) -> MemoryState:
-    """Memory fields [B, A, *per slot] (the deployed layout) -> the model's `MemoryState` (copies)."""
+    """Memory fields [B, A, *per slot] (the deployed layout) -> the model's `MemoryState` (copies); while exporting,
+    the memory's `deployed_slots` stay [B, A, ...] as they came (an exported step reads them so)."""
     fields = {}
     for name, dim in memory_type._batch_dims.items():
         t = memory[name]
-        fields[name] = t.reshape(t.shape[0] * t.shape[1], *t.shape[2:]).movedim(0, dim).clone()
+        kept = name in memory_type.deployed_slots and exporting()
+        fields[name] = t if kept else t.reshape(t.shape[0] * t.shape[1], *t.shape[2:]).movedim(0, dim).clone()
     return memory_type.of(fields)
 
 
@@ -77,8 +79,12 @@ def memory_from_model(state: MemoryState, num_agents: int) -> dict[str, torch.Te
     """The model's `MemoryState` -> fields [B, A, *per slot] (the deployed layout)."""
     out = {}
     for name, dim in state._batch_dims.items():
-        t = getattr(state, name).movedim(dim, 0)
-        out[name] = t.reshape(t.shape[0] // num_agents, num_agents, *t.shape[1:])
+        t = getattr(state, name)
+        if name in state.deployed_slots and exporting():
+            out[name] = t
+        else:
+            t = t.movedim(dim, 0)
+            out[name] = t.reshape(t.shape[0] // num_agents, num_agents, *t.shape[1:])
     return out
 
 

@@ -74,7 +74,7 @@ from phalanx.draws import Source
 from phalanx.envs.spaces import Space
 from phalanx.models.layers import ACTIVATIONS, Linear, layer_init, mlp
 from phalanx.models.mlp import ActionHead
-from phalanx.models.state import MemoryState
+from phalanx.models.state import MemoryState, exporting
 
 
 @dataclasses.dataclass
@@ -93,6 +93,7 @@ class KVCache(MemoryState):
     # Slots first, as a deployed graph feeds them ([B, A, ...] is a reshape away): with the layers first the graph
     # transposed the whole cache in and out of every call (issue 63).
     _batch_dims = {"k": 0, "v": 0, "pos": 0, "valid": 0}
+    deployed_slots = ("k", "v")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -297,11 +298,6 @@ class LSTMActorCritic(_MemoryActorCritic):
         return self.cell.seq(self.encoder(x), st, resets, active, idle_outputs)
 
 
-def _exporting() -> bool:
-    """Whether the forward runs to be exported as a graph (torch.export's tracing, or the TorchScript ONNX exporter)."""
-    return torch.compiler.is_exporting() or torch.onnx.is_in_onnx_export()
-
-
 class _Block(nn.Module):
     def __init__(self, width: int, activation: str):
         super().__init__()
@@ -345,7 +341,7 @@ class _CausalTransformer:
         split = lambda z: z.reshape(n, z.shape[1], self.heads, w // self.heads).transpose(1, 2)  # noqa: E731
         for i, blk in enumerate(self.blocks):
             q, k, v = blk.qkv(blk.ln1(h)).chunk(3, -1)
-            if tq == 1 and _exporting():
+            if tq == 1 and exporting():
                 a = self._graph_attention(q[:, 0], k[:, 0], v[:, 0], st.k, st.v, i, mask[:, 0, 0])[:, None]
             else:
                 keys, vals = torch.cat([st.k[:, i], k], 1), torch.cat([st.v[:, i], v], 1)
@@ -381,7 +377,7 @@ class _CausalTransformer:
         return (mixed * heads).sum(1)
 
     def _step(self, x, st: KVCache, reset, active):
-        if _exporting():
+        if exporting():
             return self._graph_step(x, st, reset, active)
         st.pos.masked_fill_(reset, 0)
         st.valid.masked_fill_(reset[:, None], False)
@@ -417,9 +413,14 @@ class _CausalTransformer:
             keys.append(k)
             vals.append(v)
 
-        out = self._layers(self._tokens(x, pos)[:, None], KVCache(st.k, st.v, pos, valid), mask, write)[:, 0]
-        at = (torch.arange(n, device=x.device)[:, None], torch.arange(self.num_layers, device=x.device)[None, :],
-              slot[:, None])  # [n, layers] positions of the new tokens
+        # The deployed policy hands the cache with its slots as [batch, agents] (`KVCache.deployed_slots`): the write
+        # then makes the graph's output itself, with no reshape copying the whole cache after it.
+        slots = st.k.shape[:-3]
+        flat = KVCache(st.k.flatten(0, len(slots) - 1), st.v.flatten(0, len(slots) - 1), pos, valid)
+        out = self._layers(self._tokens(x, pos)[:, None], flat, mask, write)[:, 0]
+        rows = torch.arange(n, device=x.device)[:, None]
+        at = (*((rows // slots[1], rows % slots[1]) if len(slots) == 2 else (rows,)),
+              torch.arange(self.num_layers, device=x.device)[None, :], slot[:, None])  # [n, layers] positions
         st.k = st.k.index_put(at, torch.where(keep, st.k[at], torch.stack(keys, 1)))
         st.v = st.v.index_put(at, torch.where(keep, st.v[at], torch.stack(vals, 1)))
         st.valid, st.pos = valid | here, pos + active.long()

@@ -12,11 +12,20 @@ import dataclasses
 import torch
 
 
+def exporting() -> bool:
+    """Whether the forward runs to be exported as a graph (torch.export's tracing, or the TorchScript ONNX exporter)."""
+    return torch.compiler.is_exporting() or torch.onnx.is_in_onnx_export()
+
+
 class MemoryState:
     """A model's memory of B slots: tensor fields, each with a slot axis (`_batch_dims` names it), and the
     batch helpers every memory shares."""
 
     _batch_dims: dict[str, int] = {}
+    # Fields an exported step takes and returns with the slots as the deployed contract has them, [batch, agents]
+    # leading (deployed.py), rather than flattened: a reshape of a graph output copies it whole, which for a KV cache
+    # was a fifth of the graph's time (issue 63).
+    deployed_slots: tuple[str, ...] = ()
 
     def _map(self, fn):
         return type(self)(**{f: fn(getattr(self, f), d) for f, d in self._batch_dims.items()})

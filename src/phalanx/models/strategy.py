@@ -45,6 +45,7 @@ class StrategyState(MemoryState):
     h: torch.Tensor  # [B, hidden]
     c: torch.Tensor  # [B, hidden]
     _batch_dims = {**KVCache._batch_dims, **LSTMState._batch_dims}
+    deployed_slots = KVCache.deployed_slots
 
     @property
     def kv(self) -> KVCache:
