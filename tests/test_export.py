@@ -324,3 +324,34 @@ def test_the_transformer_graph_writes_its_cache_without_a_full_size_scatter(trai
     path = phalanx.export.export_onnx(phalanx.load(run), run / "export" / "scatter.onnx")
     ops = {node.op_type for node in onnx.load(str(path)).graph.node}
     assert "ScatterElements" not in ops, sorted(ops)
+
+
+@pytest.mark.parametrize("name", ["transformer-trial_nav", "strategy-duel"])
+def test_the_kv_cache_goes_from_input_to_output_through_one_scatter(name, trained, onnxruntime):
+    """After the ScatterND fix the graph was still 1.9x slower than `Policy.act` at batch 1,024: the cache was
+    transposed between the contract's [B, A, ...] and a layers-first model layout, split per layer, stacked, and
+    reshaped into the output, each a copy of the whole cache (issue 63; this failed on main first). Now each cache
+    output is made by one ScatterND whose data is the graph's input as it came, and the cache input feeds no Split or
+    Concat, and no Transpose but into a MatMul (onnxruntime fuses the two: no copy)."""
+    import onnx
+
+    run = trained(name)
+    graph = onnx.load(str(phalanx.export.export_onnx(phalanx.load(run), run / "export" / "cache.onnx"))).graph
+    producer = {out: node for node in graph.node for out in node.output}
+    readers: dict[str, list] = {}
+    for node in graph.node:
+        for i in node.input:
+            readers.setdefault(i, []).append(node)
+    for field in ("k", "v"):
+        made = producer[f"next_memory.{field}"]
+        assert made.op_type == "ScatterND" and made.input[0] == f"memory.{field}", (made.op_type, list(made.input))
+        seen, todo = set(), [f"memory.{field}"]
+        while todo:  # everything computed from the cache input by ops that only rearrange it
+            t = todo.pop()
+            for node in readers.get(t, []):
+                assert node.op_type not in ("Split", "Concat"), (field, node.op_type, node.name)
+                if node.op_type == "Transpose":
+                    assert {r.op_type for r in readers[node.output[0]]} == {"MatMul"}, (field, node.name)
+                if node.op_type in ("Reshape", "Flatten", "Identity") and node.output[0] not in seen:
+                    seen.add(node.output[0])
+                    todo.extend(node.output)
