@@ -147,7 +147,9 @@ def test_connect_four_defaults_to_the_board_model_and_another_model_drops_its_ke
     """The env's training defaults pick the board model with its options; `--model mlp` drops the board keys those
     defaults set (a user switching model is not refused over keys they never wrote), and keeps the ones they did."""
     cfg = resolve({"env": "connect_four"})
-    assert (cfg.model, cfg.lookahead, cfg.exact_outcomes, cfg.outcome_plies, cfg.board_channels) == ("board", True, True, 2, 16)
+    assert (cfg.model, cfg.lookahead, cfg.exact_outcomes, cfg.outcome_plies, cfg.play_outcome_plies, cfg.board_channels) \
+        == ("board", True, True, 2, 6, 16)
+    assert "threats_4" in cfg.opponents and "tactics_4" not in cfg.opponents
     mlp = resolve({"env": "connect_four", "model": "mlp"})
     assert (mlp.model, mlp.lookahead, mlp.exact_outcomes) == ("mlp", False, False)
     build_model(mlp, make("connect_four", num_envs=1))
@@ -173,3 +175,48 @@ def test_deeper_exact_outcomes_see_a_double_threat_coming():
         allowed[plies] = model.moves(obs, mask)[0, 0].nonzero().flatten().tolist()
     assert allowed[2] == list(range(7))
     assert allowed[4] == [1, 4]
+
+
+def test_greedy_play_reads_the_outcomes_deeper_and_sampled_moves_do_not():
+    """play_outcome_plies 4 with outcome_plies 2, the position above: greedy play (eval, export) chooses only among
+    the two moves that stop the open three; a sampled move (a training rollout's) may still be any of the seven, and
+    its log-prob is the one the update computes. Without exact outcomes the key does nothing (as outcome_plies)."""
+    env = make("connect_four", num_envs=1, seed=0)
+    env.reset(seed=0)
+    board = torch.zeros(1, 42, dtype=torch.long)
+    board[0, [37, 38]] = 2
+    board[0, [30, 31]] = 1
+    env.board, env.turn = board, torch.zeros(1, dtype=torch.long)
+    obs, mask = env._observe(board), env._mask()
+    cfg = resolve({"env": "connect_four", "model": "board", "board_channels": 8, "exact_outcomes": True,
+                   "outcome_plies": 2, "play_outcome_plies": 4})
+    model = build_model(cfg, env)
+    assert model.moves(obs, mask, greedy=True)[0, 0].nonzero().flatten().tolist() == [1, 4]
+    assert model.moves(obs, mask)[0, 0].all()
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        greedy = {int(model.act(obs, gen, greedy=True, mask=mask)[0][0, 0]) for _ in range(5)}
+        sampled = [model.act(obs, gen, mask=mask) for _ in range(200)]
+        assert greedy <= {1, 4} and {int(a[0, 0]) for a, _ in sampled} - {1, 4}
+        action, logp = sampled[0]
+        assert torch.allclose(model.evaluate(obs, action, mask)[0], logp)
+    plain = build_model(resolve({"env": "connect_four", "model": "board", "exact_outcomes": False}), env)
+    assert plain.move_outcomes is None and plain.play_outcomes is None
+
+
+def test_the_play_horizon_changes_nothing_in_training(tmp_path):
+    """play_outcome_plies acts where the policy plays greedily only: a run with it trains the very weights of one
+    without (so a run trained before the key existed plays with it by its config alone)."""
+    from safetensors.torch import load_file
+
+    import phalanx
+    from phalanx import checkpoint as ckpt
+
+    cfg = {"env": "connect_four", "model": "board", "board_channels": 4, "num_envs": 16, "num_steps": 8,
+           "total_steps": 16 * 8 * 2, "opponents": "self_play:1,threats_2:1", "progress": False, "tensorboard": False}
+    weights = []
+    for plies in (0, 4):
+        phalanx.train({**cfg, "play_outcome_plies": plies, "run_dir": str(tmp_path / str(plies))})
+        weights.append(load_file(str(ckpt.latest_checkpoint(tmp_path / str(plies)) / ckpt.WEIGHTS_FILE)))
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])

@@ -39,7 +39,8 @@ CASES = {
     "role_attention-drone_swarm": dict(env="drone_swarm", model="role_attention", env_options={"max_steps": 8}),  # Box, MAPPO
     # connect four's defaults: the board net with the lookahead (afterstates) and the exact outcomes narrowing the mask
     # (the searchers' int64 bitboards in the graph); it could not be exported before (issue 63)
-    "board-connect_four": dict(env="connect_four", model="board", board_channels=4, outcome_plies=4),
+    # (greedy play reads them deeper than training does: play_outcome_plies, in the graph too)
+    "board-connect_four": dict(env="connect_four", model="board", board_channels=4, outcome_plies=2, play_outcome_plies=4),
 }
 
 

@@ -105,6 +105,10 @@ class Config:
     outcome_plies: int = _f(2, "model=board with exact_outcomes: how many plies deep the game's outcomes are read "
                                "(2: a win at once, a reply that wins; 4: also the double threats either side can make)",
                             min=2, max=4)
+    play_outcome_plies: int = _f(0, "model=board with exact_outcomes: how many plies deep the outcomes are read when the "
+                                    "policy plays greedily (phalanx eval, export, packages, greedy opponents); 0: "
+                                    "outcome_plies. Sampled moves (training's rollouts, snapshots) keep outcome_plies: "
+                                    "the deeper horizon costs a decision, not a rollout", choices=(0, 2, 3, 4, 5, 6))
     lstm_hidden: int = _f(128, "LSTM width (model=lstm)", positive=True)
     tf_width: int = _f(64, "transformer width (model=transformer; also the strategy encoder and role attention)", positive=True)
     tf_layers: int = _f(2, "transformer layers", positive=True)

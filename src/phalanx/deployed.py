@@ -210,7 +210,7 @@ class DeployedPolicy(nn.Module):
         if self.masked:
             mask, *rest = rest
         if isinstance(self.model, BoardActorCritic):  # the moves it chooses from: the mask, narrowed by exact outcomes
-            mask = self.model.moves(x, mask)
+            mask = self.model.moves(x, mask, greedy=True)
         if not self.recurrent:
             out = _actor_output(self.model, x)
             return tuple(self._outputs(out, self.model.value(x) if self.has_value else None, mask))

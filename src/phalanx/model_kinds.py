@@ -33,6 +33,7 @@ ROLE_ATTENTION = ModelKind("role_attention", "attention over the other slots, po
                            world_values=True, slot_actions=True)
 
 BOARD = ModelKind("board", "residual conv net over a board's planes, optionally mirror-symmetric (board games)",
-                  keys=("board_channels", "board_blocks", "mirror", "lookahead", "exact_outcomes", "outcome_plies"))
+                  keys=("board_channels", "board_blocks", "mirror", "lookahead", "exact_outcomes", "outcome_plies",
+                        "play_outcome_plies"))
 
 KINDS: dict[str, ModelKind] = {k.name: k for k in (MLP, LSTM, TRANSFORMER, STRATEGY, CNN, ROLE_ATTENTION, BOARD)}

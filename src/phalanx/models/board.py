@@ -72,6 +72,7 @@ class BoardActorCritic(nn.Module):
         mirror_actions: tuple[int, ...] | None = None,
         afterstates: Callable[[torch.Tensor], torch.Tensor] | None = None,
         move_outcomes: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        play_outcomes: Callable[[torch.Tensor], torch.Tensor] | None = None,
         init_log_std: float = 0.0,
     ):
         super().__init__()
@@ -89,6 +90,7 @@ class BoardActorCritic(nn.Module):
         self.register_buffer("mirror", None if mirror_actions is None else torch.tensor(mirror_actions))
         self.afterstates = afterstates
         self.move_outcomes = move_outcomes
+        self.play_outcomes = play_outcomes
         self.stem = layer_init(nn.Conv2d(P + 1, channels, 3, padding=1))
         self.blocks = nn.Sequential(*(ResidualBlock(channels) for _ in range(blocks)))
         ids = num_agents if agent_id else 0
@@ -139,13 +141,14 @@ class BoardActorCritic(nn.Module):
         out, value = self._heads(torch.stack([obs, obs.flip(-2)]))
         return (out[0] + out[1][..., self.mirror]) / 2, (value[0] + value[1]) / 2
 
-    def moves(self, obs: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor | None:
+    def moves(self, obs: torch.Tensor, mask: torch.Tensor | None, greedy: bool = False) -> torch.Tensor | None:
         """The moves the policy chooses from: `mask` (None: all), narrowed by `move_outcomes` where the model has them
-        (see the module docstring). A function of the boards and the mask alone, so that the update's log-probs are
-        those of the rollout's choices."""
-        if self.move_outcomes is None:
+        (see the module docstring), by `play_outcomes` instead where it has them and plays `greedy`. A function of the
+        boards, the mask and `greedy` alone, so that the update's log-probs are those of the rollout's choices."""
+        outcomes = self.play_outcomes if greedy and self.play_outcomes is not None else self.move_outcomes
+        if outcomes is None:
             return mask
-        outcome = self.move_outcomes(obs.to(self.stem.weight.dtype))
+        outcome = outcomes(obs.to(self.stem.weight.dtype))
         allowed = torch.ones_like(outcome, dtype=torch.bool) if mask is None else mask
         best = torch.where(allowed, outcome, -torch.inf).amax(-1, keepdim=True)
         # A forced win: the soonest; none: every move that does not lose; only losses: the slowest.
@@ -162,7 +165,7 @@ class BoardActorCritic(nn.Module):
 
     def act(self, obs: torch.Tensor, generator: Source = None, greedy: bool = False,
             mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        out, mask = self.forward_both(obs)[0], self.moves(obs, mask)
+        out, mask = self.forward_both(obs)[0], self.moves(obs, mask, greedy)
         action = self.head.sample(out, generator, greedy, mask)
         return action, self.head.log_prob(out, action, mask)
 
@@ -170,7 +173,7 @@ class BoardActorCritic(nn.Module):
                   critic_in: torch.Tensor | None = None,
                   mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`act` and `value` of one forward (the critic reads the same boards): -> (action, log-prob, value)."""
-        (out, value), mask = self.forward_both(obs), self.moves(obs, mask)
+        (out, value), mask = self.forward_both(obs), self.moves(obs, mask, greedy)
         action = self.head.sample(out, generator, greedy, mask)
         return action, self.head.log_prob(out, action, mask), value
 

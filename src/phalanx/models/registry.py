@@ -233,7 +233,10 @@ def _build_board(cfg: Config, env: VecEnv) -> ActorCritic:
                             blocks=cfg.board_blocks, num_agents=env.num_agents, agent_id=cfg.param_sharing == "shared_id",
                             mirror_actions=env.mirror_actions if cfg.mirror else None,
                             afterstates=env.afterstate_fn() if cfg.lookahead else None,
-                            move_outcomes=env.move_outcome_fn(cfg.outcome_plies) if cfg.exact_outcomes else None, init_log_std=cfg.init_log_std)
+                            move_outcomes=env.move_outcome_fn(cfg.outcome_plies) if cfg.exact_outcomes else None,
+                            play_outcomes=env.move_outcome_fn(cfg.play_outcome_plies)
+                            if cfg.exact_outcomes and cfg.play_outcome_plies not in (0, cfg.outcome_plies) else None,
+                            init_log_std=cfg.init_log_std)
 
 
 register_model(ModelSpec(MLP, _build_mlp, _no_check))
