@@ -207,6 +207,8 @@ def test_greedy_play_reads_the_outcomes_deeper_and_sampled_moves_do_not():
 def test_the_play_horizon_changes_nothing_in_training(tmp_path):
     """play_outcome_plies acts where the policy plays greedily only: a run with it trains the very weights of one
     without (so a run trained before the key existed plays with it by its config alone)."""
+    import json
+
     from safetensors.torch import load_file
 
     import phalanx
@@ -220,3 +222,12 @@ def test_the_play_horizon_changes_nothing_in_training(tmp_path):
         weights.append(load_file(str(ckpt.latest_checkpoint(tmp_path / str(plies)) / ckpt.WEIGHTS_FILE)))
     assert weights[0].keys() == weights[1].keys()
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    # A run written before the key existed plays as it was trained, not by connect four's default now (6 plies).
+    config = tmp_path / "4" / "config.json"
+    written = json.loads(config.read_text())
+    del written["play_outcome_plies"]
+    config.write_text(json.dumps(written))
+    assert phalanx.load(tmp_path / "4").model.play_outcomes is None
+    assert phalanx.load(tmp_path / "0").model.play_outcomes is None
+    assert phalanx.train({**cfg, "total_steps": 16 * 8, "run_dir": str(tmp_path / "d")}).policy.model.play_outcomes.keywords[
+        "plies"] == 6
