@@ -55,7 +55,7 @@ def main() -> None:
                     row = trainer.history[-1]
                     samples.append({"t": time.time() - t0, "step": row["step"], "sps": row["sps"], "rss": rss_bytes()})
         finally:
-            trainer.cfg.total_steps = 0  # the loop stops after the update in progress
+            trainer.run.cfg.total_steps = 0  # the loop stops after the update in progress
             runner.join()
             trainer.close()
     n = len(samples)

@@ -190,11 +190,11 @@ def run_phalanx(task: str, seed: int, frames: int, eval_every: int, episodes: in
     trainer = Trainer(cfg)
     try:
         ckpt.write_json_atomic(run_dir / "config.json", cfg.to_dict())
-        trainer.timer.enabled = True
+        trainer.run.timer.enabled = True
         trainer.train()
         batches = trainer.update_idx
-        clock = dict(trainer.timer.seconds)
-        used = {"collect": trainer.threads.collect, "update": trainer.threads.update}
+        clock = dict(trainer.run.timer.seconds)
+        used = {"collect": trainer.run.threads.collect, "update": trainer.run.threads.update}
     finally:
         trainer.close()
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]

@@ -68,7 +68,7 @@ def test_profile_reads_the_trainers_own_clock_and_switches_it_off(capsys, monkey
     real = runners._timed_cycles
 
     def spy(trainer, seconds):
-        assert trainer.timer.enabled  # the trainer's phases are timed, nothing of it is replaced
+        assert trainer.run.timer.enabled  # the trainer's phases are timed, nothing of it is replaced
         seen.append(trainer)
         return real(trainer, seconds)
 
@@ -80,7 +80,7 @@ def test_profile_reads_the_trainers_own_clock_and_switches_it_off(capsys, monkey
     _check_profile(result["profile"][0])
     assert "model compute (policy forward + update)" in captured.err
     (trainer,) = seen
-    assert not trainer.timer.enabled
+    assert not trainer.run.timer.enabled
 
 
 def test_phase_timer_counts_nested_phases_once_and_costs_nothing_when_off(monkeypatch):

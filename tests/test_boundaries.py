@@ -135,8 +135,8 @@ def test_update_leaves_out_a_step_whose_bootstrap_lies_beyond_the_rollout(tmp_pa
     try:
         for acts_after, left_out in ((True, 6), (False, 7)):
             trainer.collect()
-            trainer.buffer["active"][10:, 1] = False  # env 1's slot parked from step 10 on
-            rec = trainer.rollout.record
+            trainer.run.buffer["active"][10:, 1] = False  # env 1's slot parked from step 10 on
+            rec = trainer.run.rollout.record
             rec.active = rec.active.clone()
             rec.active[1] = acts_after
             trainer.update()
@@ -166,9 +166,9 @@ def test_trial_end_bootstraps_from_next_trial_on_every_branch(tmp_path, model):
     for whole_batch in (False, True):
         trainer = _trial_nav_trainer(tmp_path, model, f"{model}-{whole_batch}")
         try:
-            trainer.rollout.final_values_whole_batch = whole_batch
+            trainer.run.rollout.final_values_whole_batch = whole_batch
             trainer.collect()
-            out[whole_batch] = {k: trainer.buffer[k].clone() for k in ("next_values", "values", "trial_end", "terminated",
+            out[whole_batch] = {k: trainer.run.buffer[k].clone() for k in ("next_values", "values", "trial_end", "terminated",
                                                                 "truncated")}
         finally:
             trainer.close()
@@ -191,9 +191,9 @@ def test_value_clip_centre_is_the_critics_collection_output(tmp_path):
                    "run_dir": str(tmp_path / "r"), "device": "cpu", **QUIET})
     trainer = Trainer(cfg)
     try:
-        before = copy.deepcopy(trainer.model)
+        before = copy.deepcopy(trainer.run.model)
         trainer.collect()
-        stats_before = copy.deepcopy(trainer.norms.value)
+        stats_before = copy.deepcopy(trainer.run.norms.value)
         metrics = trainer.update()
         batch = trainer._last_batch
         with torch.no_grad():
@@ -201,10 +201,10 @@ def test_value_clip_centre_is_the_critics_collection_output(tmp_path):
             assert torch.allclose(batch.values, raw, atol=1e-4), (batch.values - raw).abs().max()
             # The first update moves the statistics a lot: the old centre (re-normalised with the new
             # statistics) lay far away from the critic's output, and most samples lost their gradient.
-            renormalised = trainer.norms.value.normalize(stats_before.denormalize(raw))
+            renormalised = trainer.run.norms.value.normalize(stats_before.denormalize(raw))
             assert (renormalised - raw).abs().mean() > 5 * cfg.clip_coef
             assert metrics["value_clip_fraction"].item() < 0.1, metrics["value_clip_fraction"]
-            after = trainer.model.value(batch.critic_obs)
+            after = trainer.run.model.value(batch.critic_obs)
             loss = lambda v: ((v - batch.returns) ** 2).mean().item()  # noqa: E731
             assert loss(after) < 0.97 * loss(raw), (loss(after), loss(raw))
     finally:
@@ -252,13 +252,13 @@ def test_recurrent_update_trains_every_segment(tmp_path):
     trainer = Trainer(cfg)
     try:
         rows: list[list[int]] = []
-        inner = trainer.update_step
+        inner = trainer.run.update_step
 
         def spy(batch, idx):  # the step gathers its minibatch `batch.index(idx)` itself
             rows.append(batch.index(idx).rows.tolist())
             return inner(batch, idx)
 
-        trainer.update_step = spy
+        trainer.run.update_step = spy
         trainer.collect()
         trainer.update()
         assert len(rows) == 2 * 4
@@ -279,10 +279,10 @@ def test_obs_normaliser_counts_each_observation_once(tmp_path):
     try:
         eps = 1e-4
         trainer.collect()
-        assert trainer.norms.obs.count.item() == pytest.approx(eps + N * (T + 1))  # the reset obs and T steps
+        assert trainer.run.norms.obs.count.item() == pytest.approx(eps + N * (T + 1))  # the reset obs and T steps
         trainer.update()
         trainer.collect()
-        assert trainer.norms.obs.count.item() == pytest.approx(eps + N * (2 * T + 1))
+        assert trainer.run.norms.obs.count.item() == pytest.approx(eps + N * (2 * T + 1))
     finally:
         trainer.close()
 
@@ -361,18 +361,18 @@ def test_quiet_step_shortcuts_change_nothing(tmp_path, env):
     make = lambda name: Trainer(resolve(dict(env=env, device="cpu", num_envs=6, num_steps=40, progress=False, tensorboard=False, seed=5,  # noqa: E731
                                              run_dir=str(tmp_path / name))))
     fast, full = make("fast"), make("full")
-    full.rollout.host_branches = False
+    full.run.rollout.host_branches = False
     try:
-        assert fast.rollout.host_branches
+        assert fast.run.rollout.host_branches
         for _ in range(3):
             s_fast, s_full = fast.collect(), full.collect()
             assert s_fast.keys() == s_full.keys() and s_fast["episodes"] > 0
             for k in s_full:
                 assert torch.equal(s_fast[k], s_full[k]), k
-            for k, buf in full.buffer.items():
-                assert torch.equal(buf, fast.buffer[k]), k
-            for k, v in full.rollout.counters.state_tensors().items():
-                assert torch.equal(v, fast.rollout.counters.state_tensors()[k]), k
+            for k, buf in full.run.buffer.items():
+                assert torch.equal(buf, fast.run.buffer[k]), k
+            for k, v in full.run.rollout.counters.state_tensors().items():
+                assert torch.equal(v, fast.run.rollout.counters.state_tensors()[k]), k
     finally:
         fast.close()
         full.close()

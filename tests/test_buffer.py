@@ -8,11 +8,13 @@ import dataclasses
 import pytest
 import torch
 
+from phalanx import buffer as buffer_module
 from phalanx.algo import PPOBatch
-from phalanx.buffer import RolloutBuffer, buffer_bytes, buffer_specs
+from phalanx.buffer import Field, RolloutBuffer, Step, buffer_bytes, buffer_specs
 from phalanx.config import resolve
 from phalanx.envs import make
 from phalanx.models.registry import build_model
+from phalanx.trainer import Trainer
 
 SMALL = dict(num_envs=3, num_steps=5, num_minibatches=1, hidden_sizes=[8], lstm_hidden=8, cnn_channels=[4, 8, 8], cnn_dense=8)
 
@@ -50,14 +52,58 @@ def test_fields_follow_the_model_the_critic_and_the_frame_stack(kw, present, abs
     env.close()
 
 
+def _step(env, g: torch.Generator) -> Step:
+    """A step of `env` with random actions, log-probs and values: what the rollout hands the buffer."""
+    rec = env.reset(seed=0)
+    N, A = env.num_envs, env.num_agents
+    step = Step(acted_on=rec, obs=rec.obs.reshape(N, A, -1).float(), action=torch.randint(0, 2, (N, A), generator=g),
+                logprob=torch.randn(N, A, generator=g), value=torch.randn(N, A, generator=g),
+                acting=rec.active, resets=torch.zeros(N, A, dtype=torch.bool))
+    return step
+
+
+def _outcome(env, step: Step) -> Step:
+    rec = env.step(step.action)
+    step.outcome, step.done, step.reward = rec, rec.terminated | rec.truncated, rec.reward * 3
+    step.bootstrap = torch.full_like(step.value, 5.0)
+    return step
+
+
 def test_a_row_written_by_index_tensor_equals_one_written_by_int():
     a, env = _buffer(env="cartpole")
     b, _ = _buffer(env="cartpole")
-    x = torch.randn(3, 1)
-    a.write("values", 2, x)
-    b.write("values", torch.tensor([2]), x)
-    assert torch.equal(a["values"], b["values"]) and torch.equal(a["values"][2], x)
+    step = _step(env, torch.Generator().manual_seed(0))
+    for buffer, row in ((a, 2), (b, torch.tensor([2]))):
+        buffer.write(row, step)  # before the envs step
+    _outcome(env, step)
+    for buffer, row in ((a, 2), (b, torch.tensor([2]))):
+        buffer.write(row, step)  # after
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    assert torch.equal(a["values"][2], step.value) and torch.equal(a["rewards"][2], step.reward)
+    assert torch.equal(a["next_values"][2], step.bootstrap) and not a["values"][1].any()
     env.close()
+
+
+def test_a_field_declared_in_the_buffer_alone_is_written_by_the_rollout(tmp_path, monkeypatch):
+    """A new per-step field is one `Field` (buffer.py): the rollout, which names no field, writes its row every step,
+    before the envs step or after (`outcome`)."""
+    declared = buffer_module.fields
+
+    def more(env, model):
+        return [*declared(env, model), Field("doubled_values", torch.float32, lambda s: 2 * s.value),
+                Field("rewards_again", torch.float32, lambda s: s.reward, outcome=True)]
+
+    monkeypatch.setattr(buffer_module, "fields", more)
+    trainer = Trainer(resolve(dict(env="cartpole", num_envs=4, num_steps=6, progress=False, tensorboard=False,
+                                   run_dir=str(tmp_path / "r"))))
+    try:
+        trainer.collect()
+        b = trainer.run.buffer
+        assert torch.equal(b["doubled_values"], 2 * b["values"]) and torch.equal(b["rewards_again"], b["rewards"])
+        assert b["rewards"].abs().sum() > 0
+    finally:
+        trainer.close()
 
 
 def test_bootstrap_takes_the_next_steps_value_where_not_truncated():

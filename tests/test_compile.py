@@ -36,7 +36,7 @@ def test_compiled_matches_eager_and_does_not_recompile(tmp_path):
         assert graphs > 0
         t.train(max_updates=2)
         assert counters["stats"]["unique_graphs"] == graphs  # later updates reuse the compiled graphs
-        for (k, a), b in zip(eager.policy.model.state_dict().items(), t.model.state_dict().values()):
+        for (k, a), b in zip(eager.policy.model.state_dict().items(), t.run.model.state_dict().values()):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=k)
     finally:
         t.close()
@@ -73,11 +73,11 @@ def test_update_step_is_one_graph_and_never_recompiles(tmp_path, model):
     t = Trainer(cfg)
     try:
         t.compile_update(backend=counting_backend)
-        before = [p.detach().clone() for p in t.model.parameters()]
+        before = [p.detach().clone() for p in t.run.model.parameters()]
         for _ in range(3):  # 2 epochs x 2 minibatches of one size an update: 12 calls
             t.collect()
             metrics = t.update()
-        assert any(not torch.equal(b, p) for b, p in zip(before, t.model.parameters()))
+        assert any(not torch.equal(b, p) for b, p in zip(before, t.run.model.parameters()))
         assert all(torch.isfinite(v) for v in metrics.values())
         assert len(compiles) == 1, compiles
     finally:
@@ -97,11 +97,11 @@ def test_compiled_update_step_calls_no_foreach_kernels(tmp_path):
 
     t = Trainer(resolve(dict(CFG, num_envs=4, num_steps=8, run_dir=str(tmp_path / "r"))))
     try:
-        t.update_step = compile_step(t.update_step, dynamic=False, backend=recording_backend)
-        before = [p.detach().clone() for p in t.model.parameters()]
+        t.run.update_step = compile_step(t.run.update_step, dynamic=False, backend=recording_backend)
+        before = [p.detach().clone() for p in t.run.model.parameters()]
         t.collect()
         t.update()
-        assert any(not torch.equal(b, p) for b, p in zip(before, t.model.parameters()))  # Adam ran in the graph
+        assert any(not torch.equal(b, p) for b, p in zip(before, t.run.model.parameters()))  # Adam ran in the graph
         assert ops and not [op for op in ops if "_foreach_" in op], sorted({op for op in ops if "_foreach_" in op})
     finally:
         t.close()
@@ -135,22 +135,22 @@ def test_rollout_step_is_one_graph_and_draws_what_eager_draws(tmp_path, case):
                                              tensorboard=False, run_dir=str(tmp_path / name))))
     eager, captured = make("eager"), make("captured")
     try:
-        assert captured.env.capturable
-        capture(captured.rollout, backend="aot_eager")
+        assert captured.run.env.capturable
+        capture(captured.run.rollout, backend="aot_eager")
         for i in range(3):
             with torch._dynamo.config.patch(error_on_recompile=i > 0):
                 stats_e, stats_c = eager.collect(), captured.collect()
-            for k, buf in eager.buffer.items():
-                assert torch.equal(buf, captured.buffer[k]), (i, k)
+            for k, buf in eager.run.buffer.items():
+                assert torch.equal(buf, captured.run.buffer[k]), (i, k)
             for k, v in stats_e.items():
                 assert torch.equal(v, stats_c[k]), (i, k)
             eager.update(), captured.update()
-        state_e, state_c = rollout_tensors(eager.rollout), rollout_tensors(captured.rollout)
+        state_e, state_c = rollout_tensors(eager.run.rollout), rollout_tensors(captured.run.rollout)
         assert state_e.keys() == state_c.keys()
         for k, v in state_e.items():
             assert torch.equal(v, state_c[k]), k
-        assert torch.equal(eager.env.gen.get_state(), captured.env.gen.get_state())
-        assert torch.equal(eager.gen.get_state(), captured.gen.get_state())
+        assert torch.equal(eager.run.env.gen.get_state(), captured.run.env.gen.get_state())
+        assert torch.equal(eager.run.gen.get_state(), captured.run.gen.get_state())
     finally:
         eager.close()
         captured.close()
@@ -182,17 +182,17 @@ def test_captured_rollout_values_truncated_final_observations_as_eager_does(tmp_
                                              progress=False, tensorboard=False, run_dir=str(tmp_path / name))))
     eager, captured = make("eager"), make("captured")
     try:
-        capture(captured.rollout, backend="aot_eager")
+        capture(captured.run.rollout, backend="aot_eager")
         staggered, truncated_per_step = case.endswith("staggered"), set()
         for i in range(3):
             eager.collect(), captured.collect()
-            truncated = eager.buffer["truncated"].flatten(2).any(2)  # [T, N]: the envs truncated at each step
+            truncated = eager.run.buffer["truncated"].flatten(2).any(2)  # [T, N]: the envs truncated at each step
             assert truncated.any() or staggered, i
             if truncated.any():
                 truncated_per_step.add((int(truncated.any(1).sum()), int(truncated.sum(1).max())))
-            for k, buf in eager.buffer.items():
-                assert torch.equal(buf, captured.buffer[k]), (i, k)
-        n = captured.rollout.N
+            for k, buf in eager.run.buffer.items():
+                assert torch.equal(buf, captured.run.buffer[k]), (i, k)
+        n = captured.run.rollout.N
         # The staggered cases see a rollout truncate on several steps, or at a step truncate some envs only.
         assert not staggered or any(steps > 1 or 0 < envs < n for steps, envs in truncated_per_step), truncated_per_step
     finally:
@@ -223,23 +223,23 @@ def test_captured_league_step_is_one_graph_with_a_growing_pool(tmp_path, model):
     eager, captured = make("eager"), make("captured")
     try:
         # The captured step's path, run eagerly: every player over every env.
-        eager.league.select_rows = False
-        capture(captured.rollout, backend="aot_eager")
+        eager.run.league.select_rows = False
+        capture(captured.run.rollout, backend="aot_eager")
         assigned = set()
         for i in range(4):
             with torch._dynamo.config.patch(error_on_recompile=i > 0):
                 eager.collect(), captured.collect()
-            for k, buf in eager.buffer.items():
-                assert torch.equal(buf, captured.buffer[k]), (i, k)
+            for k, buf in eager.run.buffer.items():
+                assert torch.equal(buf, captured.run.buffer[k]), (i, k)
             for t in (eager, captured):
                 t.update()
-                t.league.end_update(32 * (i + 1), t.model, t.norms.obs)
-            assert torch.equal(eager.league.assign, captured.league.assign), i
-            assigned |= set(captured.league.assign.tolist())
-        assert [o and o.name for o in eager.league.players] == [o and o.name for o in captured.league.players]
-        assert sum(o is not None and o.kind == "snapshot" for o in captured.league.players) == 3
+                t.run.league.end_update(32 * (i + 1), t.run.model, t.run.norms.obs)
+            assert torch.equal(eager.run.league.assign, captured.run.league.assign), i
+            assigned |= set(captured.run.league.assign.tolist())
+        assert [o and o.name for o in eager.run.league.players] == [o and o.name for o in captured.run.league.players]
+        assert sum(o is not None and o.kind == "snapshot" for o in captured.run.league.players) == 3
         assert len(assigned) > 1
-        assert torch.equal(eager.gen.get_state(), captured.gen.get_state())
+        assert torch.equal(eager.run.gen.get_state(), captured.run.gen.get_state())
     finally:
         eager.close()
         captured.close()

@@ -71,8 +71,8 @@ def test_cuda_graphs_replay_what_the_eager_run_computes(tmp_path, name, determin
                 torch.testing.assert_close(stats_g[k], stats_e[k], atol=1e-5, rtol=1e-5, msg=f"update {i}: {k}")
             for k in metrics_e:
                 torch.testing.assert_close(metrics_g[k], metrics_e[k], atol=1e-5, rtol=1e-5, msg=f"update {i}: {k}")
-        assert graphed.rollout.steps.graph is not None and graphed.update_step._graphs  # recorded, and replayed since
-        for (k, a), b in zip(eager.model.state_dict().items(), graphed.model.state_dict().values()):
+        assert graphed.run.rollout.steps.graph is not None and graphed.run.update_step._graphs  # recorded, and replayed since
+        for (k, a), b in zip(eager.run.model.state_dict().items(), graphed.run.model.state_dict().values()):
             torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5, msg=k)
         state_e, state_g = state_tensors(eager), state_tensors(graphed)
         for k, v in state_e.items():

@@ -17,7 +17,8 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "rendezvous"
 def in_example(monkeypatch):
     monkeypatch.chdir(EXAMPLE)
     monkeypatch.setattr(sys, "path", list(sys.path))
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    # Without any rendezvous name another test registered: its module is gone from sys.modules (deleted below).
+    monkeypatch.setattr(registry, "_REGISTRY", {k: v for k, v in registry._REGISTRY.items() if not k.startswith("rendezvous:")})
     monkeypatch.delitem(sys.modules, "rendezvous", raising=False)
 
 
@@ -69,15 +70,15 @@ def test_example_rollout_step_is_captured_whole_as_eager_runs_it(in_example, tmp
                                              run_dir=str(tmp_path / name))))
     eager, captured = make("eager"), make("captured")
     try:
-        capture(captured.rollout, backend="aot_eager")
+        capture(captured.run.rollout, backend="aot_eager")
         for i in range(3):
             with torch._dynamo.config.patch(error_on_recompile=i > 0):
                 eager.collect(), captured.collect()
-            for k, buf in eager.buffer.items():
-                assert torch.equal(buf, captured.buffer[k]), (i, k)
+            for k, buf in eager.run.buffer.items():
+                assert torch.equal(buf, captured.run.buffer[k]), (i, k)
             eager.update(), captured.update()
-        for k, v in rollout_tensors(eager.rollout).items():
-            assert torch.equal(v, rollout_tensors(captured.rollout)[k]), k
+        for k, v in rollout_tensors(eager.run.rollout).items():
+            assert torch.equal(v, rollout_tensors(captured.run.rollout)[k]), k
     finally:
         eager.close()
         captured.close()

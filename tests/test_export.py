@@ -40,7 +40,7 @@ CASES = {
     # connect four's defaults: the board net with the lookahead (afterstates) and the exact outcomes narrowing the mask
     # (the searchers' int64 bitboards in the graph); it could not be exported before (issue 63)
     # (greedy play reads them deeper than training does: play_outcome_plies, in the graph too)
-    "board-connect_four": dict(env="connect_four", model="board", board_channels=4, outcome_plies=2, play_outcome_plies=4),
+    "board-connect_four": dict(env="connect_four", model="board", board_channels=4, outcome_plies=2, play_outcome_plies=3),
 }
 
 

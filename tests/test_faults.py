@@ -28,7 +28,7 @@ SMALL = dict(env="cartpole", num_envs=4, num_steps=16, num_minibatches=2, num_ep
 
 
 def _poison(trainer: Trainer, at_call: int, field: str, value: float) -> None:
-    step, calls = trainer.env.step, {"n": 0}
+    step, calls = trainer.run.env.step, {"n": 0}
 
     def bad_step(actions):
         rec = step(actions)
@@ -39,7 +39,7 @@ def _poison(trainer: Trainer, at_call: int, field: str, value: float) -> None:
             setattr(rec, field, t)
         return rec
 
-    trainer.env.step = bad_step
+    trainer.run.env.step = bad_step
 
 
 @pytest.mark.parametrize("field,value", [("obs", float("nan")), ("reward", float("inf")), ("final_obs", float("-inf"))])
@@ -64,8 +64,8 @@ def test_nonfinite_env_values_can_be_zeroed_and_counted(tmp_path):
         result = t.train()
         rows = result.history
         assert rows[1]["env_nonfinite"] == 1 and "env_nonfinite" not in rows[0] and "env_nonfinite" not in rows[2]
-        assert all(torch.isfinite(p).all() for p in t.model.parameters())
-        assert torch.isfinite(t.norms.obs.mean).all()
+        assert all(torch.isfinite(p).all() for p in t.run.model.parameters())
+        assert torch.isfinite(t.run.norms.obs.mean).all()
     finally:
         t.close()
 
@@ -317,25 +317,25 @@ def test_a_minibatch_whose_activations_do_not_fit_runs_in_pieces_and_says_so(tmp
     the estimate (saved tensors per row, measured on 8 and 16 rows) is what autograd keeps for a whole minibatch."""
     roomy = Trainer(resolve(dict(WIDE, run_dir=str(tmp_path / "a"))))
     try:
-        evaluate = BatchEvaluator(roomy.model, contextlib.nullcontext, roomy.buffer)  # the update's forward (fp32)
-        need, rows = budget.minibatch_activations(evaluate, roomy.buffer, 1, roomy.hp, roomy.params, None)
-        assert roomy.hp.update_chunks == 1 and rows == 64 * 128
-        b, shape = roomy.buffer, (128, 64, 1)
+        evaluate = BatchEvaluator(roomy.run.model, contextlib.nullcontext, roomy.run.buffer)  # the update's forward (fp32)
+        need, rows = budget.minibatch_activations(evaluate, roomy.run.buffer, 1, roomy.run.hp, roomy.run.params, None)
+        assert roomy.run.hp.update_chunks == 1 and rows == 64 * 128
+        b, shape = roomy.run.buffer, (128, 64, 1)
         zeros = torch.zeros(shape)
         batch = b.ppo_batch(zeros, zeros, zeros, torch.ones(shape, dtype=torch.bool), None)
-        whole = saved_bytes(evaluate, batch.index(torch.arange(rows)), roomy.hp, roomy.params)
+        whole = saved_bytes(evaluate, batch.index(torch.arange(rows)), roomy.run.hp, roomy.run.params)
         assert abs(need / 2 - whole) <= 0.05 * whole, (need, whole)
     finally:
         roomy.close()
     monkeypatch.setattr(devices, "free_memory_bytes", lambda device: int(need / 3 / 0.8) + 1)
     t = Trainer(resolve(dict(WIDE, progress=True, run_dir=str(tmp_path / "b"))))
     try:
-        assert t.hp.update_chunks == 3
+        assert t.run.hp.update_chunks == 3
         assert "each minibatch runs in 3 pieces (update_chunks), the same update" in capsys.readouterr().err
         t.collect()
-        before = [p.detach().clone() for p in t.model.parameters()]
+        before = [p.detach().clone() for p in t.run.model.parameters()]
         t.update()
-        assert any(not torch.equal(a, p) for a, p in zip(before, t.model.parameters()))
+        assert any(not torch.equal(a, p) for a, p in zip(before, t.run.model.parameters()))
     finally:
         t.close()
     # On the CPU a piece holds at most CPU_PIECE_BYTES, memory or not; an explicit count is kept.
@@ -343,7 +343,7 @@ def test_a_minibatch_whose_activations_do_not_fit_runs_in_pieces_and_says_so(tmp
     monkeypatch.setattr(budget, "CPU_PIECE_BYTES", need // 2 + 1)
     for chunks, expected, name in ((0, 2, "c"), (5, 5, "d")):
         t = Trainer(resolve(dict(WIDE, update_chunks=chunks, run_dir=str(tmp_path / name))))
-        assert t.hp.update_chunks == expected
+        assert t.run.hp.update_chunks == expected
         t.close()
 
 
@@ -365,10 +365,10 @@ def test_the_memory_estimate_from_a_few_envs_matches_the_built_run(tmp_path, ove
     t = Trainer(cfg)
     try:
         probe = make(cfg.env, num_envs=4, seed=1, **cfg.env_options)
-        need = run_bytes(cfg, probe, probe.reset(seed=1), t.model)
-        held = sum(b.numel() * b.element_size() for b in t.buffer.values())
+        need = run_bytes(cfg, probe, probe.reset(seed=1), t.run.model)
+        held = sum(b.numel() * b.element_size() for b in t.run.buffer.values())
         assert need["rollout buffer"] == held
-        full = list(t.env.step_state().values()) + list(t.env.reset(seed=1).tensors().values())
+        full = list(t.run.env.step_state().values()) + list(t.run.env.reset(seed=1).tensors().values())
         assert need["envs"] == sum(x.numel() * x.element_size() for x in full)
     finally:
         t.close()

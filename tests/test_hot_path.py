@@ -55,10 +55,10 @@ def test_rollout_reads_the_host_only_where_reading_is_free():
             if "_read" in line:
                 assert "self.host_branches" in line, line
     update = _code(Trainer.update)
-    assert "self.rollout.every_step_active" in update
+    assert "self.run.rollout.every_step_active" in update
     for line in update.splitlines():
         if "every_step_active" in line:
-            assert "self.rollout.host_branches" in line, line
+            assert "self.run.rollout.host_branches" in line, line
     assert "None if every else trained" in update  # the one read, of the update's own mask
     assert "rollout.host_branches = False" in _code(graphs.static_step)
     assert "static_step(rollout)" in _code(graphs.capture) and "static_step(rollout)" in _code(graphs.use_cuda_graphs)
@@ -78,8 +78,8 @@ def test_rollout_calls_the_policy_once_a_step(tmp_path):
             return fn(*args)
         return call
 
-    t.rollout.act_value = counted("act_value", t.rollout.act_value)
-    t.rollout.value = counted("value", t.rollout.value)
+    t.run.rollout.act_value = counted("act_value", t.run.rollout.act_value)
+    t.run.rollout.value = counted("value", t.run.rollout.value)
     try:
         t.collect()  # no cartpole episode is truncated in 16 steps: no final observation to value
     finally:
@@ -98,7 +98,7 @@ def test_cpu_update_drops_the_mask_only_where_every_step_was_active(tmp_path):
         t.update()
         assert t._last_batch.mask is None
         t.collect()
-        t.buffer["active"][3, 1] = False  # as a slot that left mid-rollout
+        t.run.buffer["active"][3, 1] = False  # as a slot that left mid-rollout
         t.update()
         assert t._last_batch.mask is None and len(t._last_batch) == 4 * 16 - 1
     finally:

@@ -232,18 +232,18 @@ def test_update_leaves_out_opponent_slots_and_is_unchanged_by_it(tmp_path, kw):
     from phalanx.trainer import Trainer
 
     tr = Trainer(resolve(dict(RPS, run_dir=str(tmp_path / "r"), **kw)))
-    assert tr.update_slots.tolist() == [0]  # the learner's side only
+    assert tr.run.update_slots.tolist() == [0]  # the learner's side only
     tr.collect()
-    model0, opt0, gen0 = copy.deepcopy(tr.model.state_dict()), copy.deepcopy(tr.optimizer.state_dict()), tr.gen.get_state()
+    model0, opt0, gen0 = copy.deepcopy(tr.run.model.state_dict()), copy.deepcopy(tr.run.optimizer.state_dict()), tr.run.gen.get_state()
     m_sliced = tr.update()
-    sliced = {k: v.clone() for k, v in tr.model.state_dict().items()}
-    tr.model.load_state_dict(model0)
-    tr.optimizer.load_state_dict(opt0)
-    tr.gen.set_state(gen0)
-    tr.update_slots = None  # the whole agent axis, opponent slots masked out
+    sliced = {k: v.clone() for k, v in tr.run.model.state_dict().items()}
+    tr.run.model.load_state_dict(model0)
+    tr.run.optimizer.load_state_dict(opt0)
+    tr.run.gen.set_state(gen0)
+    tr.run.update_slots = None  # the whole agent axis, opponent slots masked out
     m_whole = tr.update()
     assert any(not torch.equal(v, model0[k]) for k, v in sliced.items())  # the update did move the weights
-    for k, v in tr.model.state_dict().items():
+    for k, v in tr.run.model.state_dict().items():
         assert torch.allclose(v, sliced[k], atol=1e-6, rtol=1e-5), k
     for k in ("policy_loss", "value_loss", "entropy", "approx_kl", "explained_variance"):
         assert torch.allclose(m_sliced[k], m_whole[k], atol=1e-6, rtol=1e-5), k
@@ -255,5 +255,5 @@ def test_update_keeps_every_slot_for_slot_aware_models(tmp_path):
 
     for kw in (dict(param_sharing="shared_id"), dict(param_sharing="per_role")):
         tr = Trainer(resolve(dict(RPS, run_dir=str(tmp_path / kw["param_sharing"]), opponents="rock:1", **kw)))
-        assert tr.update_slots is None
+        assert tr.run.update_slots is None
         tr.close()

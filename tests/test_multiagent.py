@@ -88,29 +88,29 @@ def make_trainer(tmp_path, **kw):
 def test_inactive_steps_change_nothing_in_the_update(tmp_path):
     tr = make_trainer(tmp_path, norm_value=True, critic="mappo")
     tr.collect()
-    inactive = ~tr.buffer["active"]
-    assert inactive.any() and tr.buffer["active"].any()
-    model0, opt0, norms0, gen0 = (copy.deepcopy(tr.model.state_dict()), copy.deepcopy(tr.optimizer.state_dict()),
-                                  copy.deepcopy(tr.norms.state_dict()), tr.gen.get_state())
-    buf0 = {k: v.clone() for k, v in tr.buffer.items()}
+    inactive = ~tr.run.buffer["active"]
+    assert inactive.any() and tr.run.buffer["active"].any()
+    model0, opt0, norms0, gen0 = (copy.deepcopy(tr.run.model.state_dict()), copy.deepcopy(tr.run.optimizer.state_dict()),
+                                  copy.deepcopy(tr.run.norms.state_dict()), tr.run.gen.get_state())
+    buf0 = {k: v.clone() for k, v in tr.run.buffer.items()}
     tr.update()
-    after_a = {k: v.clone() for k, v in tr.model.state_dict().items()}
+    after_a = {k: v.clone() for k, v in tr.run.model.state_dict().items()}
     # Rewind, scramble everything recorded at inactive steps, update again.
-    tr.model.load_state_dict(model0)
-    tr.optimizer.load_state_dict(opt0)
-    tr.norms.load_state_dict(norms0)
-    tr.gen.set_state(gen0)
+    tr.run.model.load_state_dict(model0)
+    tr.run.optimizer.load_state_dict(opt0)
+    tr.run.norms.load_state_dict(norms0)
+    tr.run.gen.set_state(gen0)
     for k, v in buf0.items():
-        tr.buffer[k].copy_(v)
+        tr.run.buffer[k].copy_(v)
     g = torch.Generator().manual_seed(9)
     m = inactive
-    tr.buffer["obs"][m] = torch.randn(int(m.sum()), 4, generator=g) * 100
-    tr.buffer["rewards"][m] = torch.randn(int(m.sum()), generator=g) * 1e6
-    tr.buffer["actions"][m] = torch.randint(0, 3, (int(m.sum()),), generator=g)
-    tr.buffer["logprobs"][m] = torch.randn(int(m.sum()), generator=g) * 50
-    tr.buffer["values"][m] = torch.randn(int(m.sum()), generator=g) * 1e3
+    tr.run.buffer["obs"][m] = torch.randn(int(m.sum()), 4, generator=g) * 100
+    tr.run.buffer["rewards"][m] = torch.randn(int(m.sum()), generator=g) * 1e6
+    tr.run.buffer["actions"][m] = torch.randint(0, 3, (int(m.sum()),), generator=g)
+    tr.run.buffer["logprobs"][m] = torch.randn(int(m.sum()), generator=g) * 50
+    tr.run.buffer["values"][m] = torch.randn(int(m.sum()), generator=g) * 1e3
     tr.update()
-    for k, v in tr.model.state_dict().items():
+    for k, v in tr.run.model.state_dict().items():
         assert torch.allclose(v, after_a[k], atol=1e-6, rtol=0), k
     tr.close()
 
@@ -118,18 +118,18 @@ def test_inactive_steps_change_nothing_in_the_update(tmp_path):
 def test_scrambling_active_steps_does_change_the_update(tmp_path):
     tr = make_trainer(tmp_path)
     tr.collect()
-    model0, opt0, gen0 = copy.deepcopy(tr.model.state_dict()), copy.deepcopy(tr.optimizer.state_dict()), tr.gen.get_state()
-    buf0 = {k: v.clone() for k, v in tr.buffer.items()}
+    model0, opt0, gen0 = copy.deepcopy(tr.run.model.state_dict()), copy.deepcopy(tr.run.optimizer.state_dict()), tr.run.gen.get_state()
+    buf0 = {k: v.clone() for k, v in tr.run.buffer.items()}
     tr.update()
-    after_a = {k: v.clone() for k, v in tr.model.state_dict().items()}
-    tr.model.load_state_dict(model0)
-    tr.optimizer.load_state_dict(opt0)
-    tr.gen.set_state(gen0)
+    after_a = {k: v.clone() for k, v in tr.run.model.state_dict().items()}
+    tr.run.model.load_state_dict(model0)
+    tr.run.optimizer.load_state_dict(opt0)
+    tr.run.gen.set_state(gen0)
     for k, v in buf0.items():
-        tr.buffer[k].copy_(v)
-    tr.buffer["rewards"][tr.buffer["active"]] += 5.0 * torch.randn(int(tr.buffer["active"].sum()))
+        tr.run.buffer[k].copy_(v)
+    tr.run.buffer["rewards"][tr.run.buffer["active"]] += 5.0 * torch.randn(int(tr.run.buffer["active"].sum()))
     tr.update()
-    assert any(not torch.allclose(v, after_a[k]) for k, v in tr.model.state_dict().items())
+    assert any(not torch.allclose(v, after_a[k]) for k, v in tr.run.model.state_dict().items())
     tr.close()
 
 
@@ -138,9 +138,9 @@ def n_params(module) -> int:
 
 
 def test_parameter_counts_for_sharing_modes(tmp_path):
-    shared = make_trainer(tmp_path / "a").model
-    with_id = make_trainer(tmp_path / "b", param_sharing="shared_id").model
-    per_role = make_trainer(tmp_path / "c", param_sharing="per_role").model
+    shared = make_trainer(tmp_path / "a").run.model
+    with_id = make_trainer(tmp_path / "b", param_sharing="shared_id").run.model
+    per_role = make_trainer(tmp_path / "c", param_sharing="per_role").run.model
     # shared_id: the first layer of actor and critic reads 3 more inputs (the one-hot slot id).
     assert n_params(with_id) - n_params(shared) == 2 * 3 * 64
     # per_role: one full copy per role (2 roles).
@@ -148,7 +148,7 @@ def test_parameter_counts_for_sharing_modes(tmp_path):
 
 
 def test_per_role_gradients_stay_within_the_role(tmp_path):
-    model = make_trainer(tmp_path, param_sharing="per_role").model
+    model = make_trainer(tmp_path, param_sharing="per_role").run.model
     obs = torch.randn(6, 3, 4)
     actions = torch.randint(0, 3, (6, 3))
     logp, _ = model.evaluate(obs, actions)
@@ -163,8 +163,8 @@ def test_per_role_gradients_stay_within_the_role(tmp_path):
 
 
 def test_centralized_critic_reads_the_global_state(tmp_path):
-    mappo = make_trainer(tmp_path / "m", critic="mappo").model
-    ippo = make_trainer(tmp_path / "i").model
+    mappo = make_trainer(tmp_path / "m", critic="mappo").run.model
+    ippo = make_trainer(tmp_path / "i").run.model
     s1, s2 = torch.rand(2, 5), torch.rand(2, 5)
     v1, v2 = mappo.value(s1), mappo.value(s2)
     assert v1.shape == (2, 3) and not torch.allclose(v1, v2)
@@ -177,10 +177,10 @@ def test_centralized_critic_reads_the_global_state(tmp_path):
 
 def test_teammates_are_not_trained_or_counted(tmp_path):
     tr = make_trainer(tmp_path, teammates="zero")
-    assert tr.rollout.learner.tolist() == [True, True, False]
+    assert tr.run.rollout.learner.tolist() == [True, True, False]
     tr.collect()
-    assert not tr.buffer["active"][..., 2].any()
-    assert (tr.buffer["actions"][..., 2] == 0).all()
+    assert not tr.run.buffer["active"][..., 2].any()
+    assert (tr.run.buffer["actions"][..., 2] == 0).all()
     tr.close()
     with pytest.raises(phalanx.errors.ConfigError, match="unknown policy 'hero'; allowed: zero"):
         make_trainer(tmp_path / "x", teammates="hero")
@@ -199,11 +199,11 @@ def test_multiagent_run_logs_team_metrics(tmp_path):
 def test_frozen_checkpoint_teammate_plays_but_does_not_learn(tmp_path):
     first = phalanx.train(**{**BASE, "total_steps": 4 * 12 * 2}, run_dir=tmp_path / "first")
     tr = make_trainer(tmp_path / "second", teammates=f"run:{first.run_dir}")
-    frozen = tr.rollout.teammates.plan.players[0]
+    frozen = tr.run.rollout.teammates.plan.players[0]
     before = {k: v.clone() for k, v in frozen.model.state_dict().items()}
     tr.collect()
     tr.update()
-    assert not tr.buffer["active"][..., 2].any() and tr.buffer["active"][..., :2].any()
+    assert not tr.run.buffer["active"][..., 2].any() and tr.run.buffer["active"][..., :2].any()
     for k, v in frozen.model.state_dict().items():
         assert torch.equal(v, before[k]), k
     tr.close()
@@ -236,7 +236,7 @@ def test_memory_policy_training_forward_reproduces_the_rollout(tmp_path, model):
                           "tf_horizon": 8, "progress": False, "tensorboard": False}), run_dir=tmp_path / "r")
     tr.collect()
     tr.collect()  # the second rollout starts mid-episode, from stored memory, and crosses episode starts
-    b = tr.buffer
+    b = tr.run.buffer
     assert b["resets"].any() and (~b["env_active"]).any(), "segments must contain episode starts and parked slots"
     # Memory resets exactly after terminated/truncated steps, never after a trial end alone.
     ended = b["terminated"] | b["truncated"]
@@ -244,7 +244,7 @@ def test_memory_policy_training_forward_reproduces_the_rollout(tmp_path, model):
     assert (b["trial_end"] & ~ended).any(), "trial ends inside an episode must occur (and keep memory)"
     seg = lambda x: x.permute(1, 2, 0, *range(3, x.dim()))  # noqa: E731
     with torch.no_grad():
-        logp, _, value = tr.model.evaluate_seq(seg(b["obs"]), seg(b["actions"]), tr.buffer.segment_start, seg(b["resets"]), seg(b["env_active"]))
+        logp, _, value = tr.run.model.evaluate_seq(seg(b["obs"]), seg(b["actions"]), tr.run.buffer.segment_start, seg(b["resets"]), seg(b["env_active"]))
     act = seg(b["env_active"])
     assert torch.allclose(logp[act], seg(b["logprobs"])[act], atol=1e-5)
     assert torch.allclose(value[act], seg(b["values"])[act], atol=1e-4)
@@ -306,9 +306,9 @@ def test_a_per_world_critic_values_every_agent_in_one_pass(tmp_path):
     world = make_trainer(tmp_path / "w", critic="mappo")  # the default where the model allows
     per_agent = make_trainer(tmp_path / "a", critic="mappo", mappo_values="per_agent")
     try:
-        assert world.model.critic[0].in_features == 5 and per_agent.model.critic[0].in_features == 5 + 3
+        assert world.run.model.critic[0].in_features == 5 and per_agent.run.model.critic[0].in_features == 5 + 3
         s = torch.rand(7, 5)
-        v = world.model.value(s)
+        v = world.run.model.value(s)
         assert v.shape == (7, 3) and not torch.allclose(v[:, 0], v[:, 1])
         fitted = {}
         for name, tr in (("world", world), ("per_agent", per_agent)):
@@ -320,7 +320,7 @@ def test_a_per_world_critic_values_every_agent_in_one_pass(tmp_path):
     finally:
         world.close()
         per_agent.close()
-    assert world.cfg.mappo_values == "per_world"
+    assert world.run.cfg.mappo_values == "per_world"
     for bad, needle in ((dict(), "needs critic mappo; got critic ippo"),
                         (dict(critic="mappo", param_sharing="per_role"), "param_sharing per_role"),
                         (dict(critic="mappo", model="lstm"), "got model lstm")):
@@ -353,13 +353,13 @@ def test_an_update_in_chunks_is_the_whole_update(tmp_path, over):
         tr = make_trainer(tmp_path / str(chunks), update_chunks=chunks, seed=5, **over)
         try:
             tr.collect()
-            assert not bool(tr.buffer["active"].all())
+            assert not bool(tr.run.buffer["active"].all())
             metrics = tr.update()
-            out.append(([p.detach().clone() for p in tr.model.parameters()], metrics))
+            out.append(([p.detach().clone() for p in tr.run.model.parameters()], metrics))
         finally:
             tr.close()
     (whole, mw), (chunked, mc) = out
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(whole, chunked))
-    assert any(not torch.equal(a, b) for a, b in zip(whole, make_trainer(tmp_path / "fresh", seed=5, **over).model.parameters()))
+    assert any(not torch.equal(a, b) for a, b in zip(whole, make_trainer(tmp_path / "fresh", seed=5, **over).run.model.parameters()))
     for k in ("loss", "policy_loss", "value_loss", "approx_kl", "clip_fraction", "grad_norm"):
         assert torch.allclose(mw[k], mc[k], atol=1e-6), k

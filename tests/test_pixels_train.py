@@ -23,16 +23,16 @@ TINY = dict(env="pixel_goal", num_envs=4, num_steps=8, num_epochs=1, num_minibat
 def test_uint8_buffers_and_memory_estimate(tmp_path):
     t = Trainer(resolve(dict(TINY, run_dir=str(tmp_path / "r"))))
     try:
-        frames = t.buffer["frames"]  # a 4-frame stack: each frame stored once, 8 steps + 3 older frames
-        assert "obs" not in t.buffer and frames.dtype == torch.uint8 and frames.shape == (8 + 3, 4, 1, 72, 80)
-        assert buffer_bytes(buffer_specs(t.cfg, t.env, t.model)) == sum(b.numel() * b.element_size() for b in t.buffer.values())
+        frames = t.run.buffer["frames"]  # a 4-frame stack: each frame stored once, 8 steps + 3 older frames
+        assert "obs" not in t.run.buffer and frames.dtype == torch.uint8 and frames.shape == (8 + 3, 4, 1, 72, 80)
+        assert buffer_bytes(buffer_specs(t.run.cfg, t.run.env, t.run.model)) == sum(b.numel() * b.element_size() for b in t.run.buffer.values())
         stats = t.collect()
-        assert int(t.buffer["frames"].max()) <= 3 and int(t.buffer["frames"].max()) > 0
+        assert int(t.run.buffer["frames"].max()) <= 3 and int(t.run.buffer["frames"].max()) > 0
         assert torch.isfinite(stats["ep_return_sum"])
-        before = [p.detach().clone() for p in t.model.parameters()]
+        before = [p.detach().clone() for p in t.run.model.parameters()]
         metrics = t.update()
         assert all(torch.isfinite(v).all() for v in metrics.values())
-        assert any(not torch.equal(a, b) for a, b in zip(before, t.model.parameters()))
+        assert any(not torch.equal(a, b) for a, b in zip(before, t.run.model.parameters()))
     finally:
         t.close()
 
@@ -93,22 +93,22 @@ def test_record_a_gym_env_from_the_command_line(tmp_path, monkeypatch):
 def _observed_and_rebuilt(t: Trainer, collects: int) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The observations the rollout acted on over its last collect, as the env returned them and as the update
     gathers them from the frames stored once; and how many stacks restarted."""
-    seen, step = [], t.env.step
+    seen, step = [], t.run.env.step
 
     def recording(actions):
         rec = step(actions)
         seen.append(rec.obs.clone())
         return rec
 
-    t.env.step = recording
+    t.run.env.step = recording
     for _ in range(collects):
-        first = t.rollout.record.obs.clone()
+        first = t.run.rollout.record.obs.clone()
         seen.clear()
         t.collect()
-    adv, ret, trained = t.buffer.advantages(t.rollout.acts_after(), t.gae)
-    batch = t.buffer.ppo_batch(adv, ret, t.buffer["values"], trained, None)
+    adv, ret, trained = t.run.buffer.advantages(t.run.rollout.acts_after(), t.gae)
+    batch = t.run.buffer.ppo_batch(adv, ret, t.run.buffer["values"], trained, None)
     rebuilt = batch.index(torch.arange(len(batch)))  # through index, as a minibatch is
-    return torch.stack([first, *seen[:-1]]).flatten(0, 1), rebuilt.obs, int(t.buffer["stack_restarts"].sum())
+    return torch.stack([first, *seen[:-1]]).flatten(0, 1), rebuilt.obs, int(t.run.buffer["stack_restarts"].sum())
 
 
 @pytest.mark.parametrize("captured", [False, True])
@@ -124,11 +124,11 @@ def test_frames_stored_once_rebuild_the_observations_bit_for_bit(tmp_path, captu
         if captured:  # the same draws replayed in the captured step (its env cannot be watched from inside)
             c = Trainer(resolve(dict(cfg, run_dir=str(tmp_path / "c"))))
             try:
-                capture(c.rollout, backend="aot_eager")
+                capture(c.run.rollout, backend="aot_eager")
                 c.collect()
                 c.collect()
-                adv, ret, trained = c.buffer.advantages(c.rollout.acts_after(), c.gae)
-                batch = c.buffer.ppo_batch(adv, ret, c.buffer["values"], trained, None)
+                adv, ret, trained = c.run.buffer.advantages(c.run.rollout.acts_after(), c.gae)
+                batch = c.run.buffer.ppo_batch(adv, ret, c.run.buffer["values"], trained, None)
                 assert torch.equal(batch.index(torch.arange(len(batch))).obs, observed)
             finally:
                 c.close()

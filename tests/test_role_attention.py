@@ -279,9 +279,9 @@ def test_drop_in_for_the_trainer(tmp_path, monkeypatch):
         cfg = resolve(dict(env="bucket_brigade", env_options={"num_agents": 3}, num_envs=2, num_steps=6, num_epochs=1,
                            num_minibatches=1, progress=False, tensorboard=False, critic=critic))
         tr = train_mod.Trainer(cfg, run_dir=tmp_path / critic)
-        before = [p.detach().clone() for p in tr.model.parameters()]
+        before = [p.detach().clone() for p in tr.run.model.parameters()]
         tr.collect()
         metrics = tr.update()
         assert all(torch.isfinite(torch.as_tensor(v)).all() for v in metrics.values())
-        assert any(not torch.equal(b, p) for b, p in zip(before, tr.model.parameters()))
+        assert any(not torch.equal(b, p) for b, p in zip(before, tr.run.model.parameters()))
         tr.close()

@@ -19,7 +19,7 @@ import torch
 import phalanx
 from phalanx.config import resolve
 from phalanx.draws import Draws
-from phalanx.envs import make
+from phalanx.envs import make, registry
 from phalanx.graphs import CapturedSteps, fold, folded_step, own_memory, own_step_state, static_step
 from phalanx.run_state import step_state
 from phalanx.slots import random_actions
@@ -78,13 +78,13 @@ def _trainer(tmp_path: Path, name: str, case: dict) -> Trainer:
     extra = LEAGUE if case["env"] == "duel" else {}
     t = Trainer(resolve(dict(case, **extra, num_envs=4, num_steps=8, num_minibatches=2, progress=False,
                              tensorboard=False, run_dir=str(tmp_path / name))))
-    static_step(t.rollout)  # the path a graph records: no host reads, every league player over every env
+    static_step(t.run.rollout)  # the path a graph records: no host reads, every league player over every env
     return t
 
 
 def _fold_every_step(t: Trainer) -> list[str]:
     """Run `t`'s steps as a recorded graph's body; -> the paths of tensors a step left outside the state."""
-    rollout, plain = t.rollout, t.rollout.step
+    rollout, plain = t.run.rollout, t.run.rollout.step
     strays: list[str] = []
 
     def folded(step_index, obs_n, stats):
@@ -114,18 +114,18 @@ def test_step_state_names_everything_a_step_replaces(tmp_path, case):
         for i in range(3):
             stats_p, stats_r = plain.collect(), recorded.collect()
             assert not strays, strays[:5]
-            for k, buf in plain.buffer.items():
-                assert torch.equal(buf, recorded.buffer[k]), (i, k)
+            for k, buf in plain.run.buffer.items():
+                assert torch.equal(buf, recorded.run.buffer[k]), (i, k)
             for k, v in stats_p.items():
                 assert torch.equal(v, stats_r[k]), (i, k)
             for t in (plain, recorded):
                 t.update()
-                if t.league is not None:
-                    t.league.end_update(32 * (i + 1), t.model, t.norms.obs)
-            if plain.league is not None:
-                assert torch.equal(plain.league.assign, recorded.league.assign), i
-        if plain.league is not None:
-            assert sum(o is not None and o.kind == "snapshot" for o in recorded.league.players) >= 2
+                if t.run.league is not None:
+                    t.run.league.end_update(32 * (i + 1), t.run.model, t.run.norms.obs)
+            if plain.run.league is not None:
+                assert torch.equal(plain.run.league.assign, recorded.run.league.assign), i
+        if plain.run.league is not None:
+            assert sum(o is not None and o.kind == "snapshot" for o in recorded.run.league.players) >= 2
     finally:
         plain.close()
         recorded.close()
@@ -142,12 +142,12 @@ def test_a_frozen_teammate_with_memory_keeps_its_memory_in_the_step_state(tmp_pa
     try:
         plain.collect(), recorded.collect()
         strays = _fold_every_step(recorded)
-        assert any(k.startswith("teammates.") for k in step_state(recorded.rollout, {}))
+        assert any(k.startswith("teammates.") for k in step_state(recorded.run.rollout, {}))
         for i in range(2):
             plain.collect(), recorded.collect()
             assert not strays, strays[:5]
-            for k, buf in plain.buffer.items():
-                assert torch.equal(buf, recorded.buffer[k]), (i, k)
+            for k, buf in plain.run.buffer.items():
+                assert torch.equal(buf, recorded.run.buffer[k]), (i, k)
     finally:
         plain.close()
         recorded.close()
@@ -164,6 +164,9 @@ def test_env_step_state_is_the_whole_state_and_survives_a_reload(name, monkeypat
     if name == "rendezvous":
         monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "examples" / "rendezvous"))
         monkeypatch.delitem(sys.modules, "rendezvous", raising=False)
+        # The name registers on first use: kept to this test, a later one imports the module afresh (a spec left
+        # behind built envs from a module no longer in sys.modules, which torch.compile then could not import).
+        monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
         name = "rendezvous:make"
     env, twin = make(name, num_envs=6, seed=1), make(name, num_envs=6, seed=1)
     env.reset(seed=1), twin.reset(seed=1)
@@ -194,14 +197,14 @@ def test_noting_the_draws_leaves_no_trace(tmp_path, case):
     t = _trainer(tmp_path, "t", CASES[case])
     try:
         t.collect(), t.update()
-        r = t.rollout
+        r = t.run.rollout
         steps = CapturedSteps(r)
         stats = r.new_stats()
         obs_n = r.obs_in(r.record.obs)
         snapshot = lambda: ({k: v.clone() for k, v in step_state(r, stats).items()},  # noqa: E731
                             {k: v.clone() for k, v in r.norms.state_dict().items()}, r.env.state_dict(),
                             [d.generator.get_state() for d in r.all_draws],
-                            t.league.counts.clone() if t.league is not None else None)
+                            t.run.league.counts.clone() if t.run.league is not None else None)
         before = snapshot()
         with torch.no_grad():  # as in collect
             steps.note_draws(0, obs_n, stats)

@@ -205,7 +205,7 @@ def test_a_fault_of_phalanx_itself_keeps_its_traceback(tmp_path, monkeypatch):
         def broken(*args, **kwargs):
             raise RuntimeError("a bug in the rollout")
 
-        monkeypatch.setattr(trainer.rollout, "step", broken)
+        monkeypatch.setattr(trainer.run.rollout, "step", broken)
         with pytest.raises(RuntimeError, match="a bug in the rollout"):
             trainer.train(max_updates=1)
         assert not (tmp_path / "r" / "env_crash.txt").exists()

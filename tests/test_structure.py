@@ -290,3 +290,42 @@ def test_every_registered_model_keeps_its_declared_interface(name):
             assert lp.shape == ent.shape == value.shape == logp.shape == (2, env.num_agents)
             assert torch.allclose(lp, logp, atol=1e-5)
     env.close()
+
+
+def _layout_entries() -> list[str]:
+    """The modules and packages of src/phalanx/ as docs/LAYOUT.md lists them, top to bottom ('trainer', 'league')."""
+    text = (SRC.parent / "docs" / "LAYOUT.md").read_text()
+    block = text.split("```", 2)[1]
+    tree = block.split("src/phalanx/\n", 1)[1].split("\nsrc/phalanx_bench/", 1)[0]
+    entries = []
+    for line in tree.splitlines():
+        if line.startswith("  ") and not line.startswith("   "):
+            entries.append(line.split()[0].removesuffix(".py").removesuffix("/"))
+    return entries
+
+
+def test_layout_lists_every_module_in_the_order_imports_flow():
+    """docs/LAYOUT.md's tree is the import graph's order: every module and package of src/phalanx/ listed once, and
+    none imports one listed above it (a package's modules import each other freely)."""
+    entries = _layout_entries()
+    assert len(entries) == len(set(entries)), [e for e in entries if entries.count(e) > 1]
+    own = {n.split(".")[1] for n in _modules() if n.startswith("phalanx.")} - {"__main__", "version"}
+    assert set(entries) == own, f"unlisted: {sorted(own - set(entries))}; gone: {sorted(set(entries) - own)}"
+    place = {e: i for i, e in enumerate(entries)}
+    upward = []
+    for name, deps in _graph(runtime=True).items():
+        if not name.startswith("phalanx.") or name.split(".")[1] not in place:
+            continue
+        for dep in deps:
+            if dep.startswith("phalanx.") and dep.split(".")[1] in place and place[dep.split(".")[1]] < place[name.split(".")[1]]:
+                upward.append(f"{name} imports {dep}")
+    assert not upward, "docs/LAYOUT.md lists these below what they import: " + "; ".join(sorted(upward))
+
+
+def test_the_layout_check_sees_an_upward_import(monkeypatch):
+    entries = _layout_entries()
+    swapped = [e for e in entries if e != "runs"]
+    swapped.insert(swapped.index("checkpoint"), "runs")  # runs above checkpoint, which imports it
+    monkeypatch.setattr(sys.modules[__name__], "_layout_entries", lambda: swapped)
+    with pytest.raises(AssertionError, match="phalanx.checkpoint imports phalanx.runs"):
+        test_layout_lists_every_module_in_the_order_imports_flow()

@@ -77,7 +77,7 @@ def test_the_initial_weights_depend_neither_on_the_threads_before_the_run_nor_on
             t = Trainer(resolve(dict(env="cartpole", num_envs=4, num_steps=8, torch_threads=torch_threads if i else 1,
                                      progress=False, tensorboard=False, hidden_sizes=[256, 256],
                                      run_dir=str(tmp_path / str(i)))))
-            weights.append([p.detach().clone() for p in t.model.parameters()])
+            weights.append([p.detach().clone() for p in t.run.model.parameters()])
             t.close()
     finally:
         torch.set_num_threads(before)

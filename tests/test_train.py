@@ -250,7 +250,7 @@ def test_nonfinite_loss_stops_with_snapshot(tmp_path):
                 return output * float("nan")
         return output
 
-    t.model.critic.register_forward_hook(poison)
+    t.run.model.critic.register_forward_hook(poison)
     try:
         with pytest.raises(NonFiniteLossError, match="non-finite") as info:
             t.train()
@@ -357,7 +357,7 @@ def test_quiet_records_are_what_they_claim_and_skipping_their_tests_changes_noth
                                  **{**SMALL, "num_envs": 4, "num_steps": 64})))
         try:
             stats = [{k: v.clone() for k, v in t.collect().items()} for _ in range(3)]
-            runs[name] = (stats, {k: v.clone() for k, v in t.buffer.items()})
+            runs[name] = (stats, {k: v.clone() for k, v in t.run.buffer.items()})
         finally:
             t.close()
     assert seen["quiet"] > seen["loud"] > 0  # both kinds met, episodes ended
@@ -378,11 +378,11 @@ def test_bf16_autocast_trains_with_float32_buffers_and_losses(tmp_path, model):
         t = Trainer(resolve(dict(env="cartpole", total_steps=256, model=model, precision=precision,
                                  run_dir=str(tmp_path / precision), **SMALL)))
         try:
-            before = [p.detach().clone() for p in t.model.parameters()]
+            before = [p.detach().clone() for p in t.run.model.parameters()]
             result = t.train()
-            assert t.buffer["logprobs"].dtype == t.buffer["values"].dtype == torch.float32
-            assert all(p.dtype == torch.float32 and torch.isfinite(p).all() for p in t.model.parameters())
-            assert any(not torch.equal(a, b) for a, b in zip(before, t.model.parameters()))
+            assert t.run.buffer["logprobs"].dtype == t.run.buffer["values"].dtype == torch.float32
+            assert all(p.dtype == torch.float32 and torch.isfinite(p).all() for p in t.run.model.parameters())
+            assert any(not torch.equal(a, b) for a, b in zip(before, t.run.model.parameters()))
             runs_[precision] = result.history[0]["loss"]
         finally:
             t.close()

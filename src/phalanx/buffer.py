@@ -1,14 +1,18 @@
 """The rollout buffer (the role of Stable-Baselines3's RolloutBuffer, on the device): every per-step field of a
-rollout, declared once in `fields`; the rows the rollout writes each step; the bootstrap filled in after its
-loop; the advantages (algo/gae.py); and the samples laid out for the update's minibatches (`ppo_batch`:
-segments for memory models, rows otherwise) and run through the model (`BatchEvaluator`).
+rollout, declared once in `fields` with where its row comes from (`Field.of`, a function of the step's `Step`); the
+rows the rollout writes each step (`write`, one call before the envs step and one after); the bootstrap of every
+step (`bootstrap_truncated` in the step, `bootstrap` after the loop); the advantages (algo/gae.py); and the samples
+laid out for the update's minibatches (`ppo_batch`: segments for memory models, rows otherwise) and run through the
+model (`BatchEvaluator`).
 
 A new per-step field (an action mask, say) is:
-1. one `Field` in `fields`: its name, dtype, shape after [T, N, A] and when it is kept; `sample=True` lays it out
-   for the minibatches as every other sample field, under the same name;
-2. a field of that name in `PPOBatch` (algo/ppo.py, default None), which `PPOBatch.index` gathers as the rest;
-3. its row written each step in `Rollout.step` (`self.buffer.write("action_mask", t, mask)`), and its use in the
-   loss (`batch.action_mask` in `ppo_losses`) or in the forward (`BatchEvaluator`).
+1. one `Field` in `fields`: its name, dtype, shape after [T, N, A], when it is kept and where its row comes from
+   (`of=lambda step: step.acted_on.action_mask`); `sample=True` lays it out for the minibatches as every other
+   sample field, under the same name;
+2. a field of that name in `PPOBatch` (algo/ppo.py, default None), which `PPOBatch.index` gathers as the rest, and
+   its use in the loss (`batch.action_mask` in `ppo_losses`) or in the forward (`BatchEvaluator`).
+The rollout writes it with the rest; a field whose row comes from something a `Step` does not hold yet adds that
+to `Step` (here) and sets it in `Rollout.step`.
 """
 
 from __future__ import annotations
@@ -23,24 +27,52 @@ import torch
 from phalanx.algo.gae import GAEParams, compute_gae, pending_bootstrap
 from phalanx.algo.ppo import PPOBatch
 from phalanx.config import Config
-from phalanx.envs.base import VecEnv
+from phalanx.envs.base import StepRecord, VecEnv
 from phalanx.envs.spaces import Box
-from phalanx.episodes import frame_index
+from phalanx.episodes import frame_index, stack_restarts
 from phalanx.models.protocol import ActorCritic
 from phalanx.models.registry import obs_dim_of, state_dim_of
+
+
+@dataclass
+class Step:
+    """One rollout step as the rollout knows it, where every field's row comes from (`Field.of`): what the learner
+    acted on and what every slot did; then, once the envs have stepped, what they returned (`outcome` on)."""
+
+    acted_on: StepRecord  # the record the slots acted on
+    obs: torch.Tensor  # its observations as the model read them
+    action: torch.Tensor  # every slot's, the other players' filled in
+    logprob: torch.Tensor
+    value: torch.Tensor  # V of `acted_on`, in return units
+    acting: torch.Tensor  # [N, A]: the learner's slots that acted
+    resets: torch.Tensor  # [N, A]: the slots whose memory reset before this step (their episode ended at the last)
+    outcome: StepRecord | None = None  # what the envs returned
+    done: torch.Tensor | None = None  # [N, A]: terminated or truncated at this step
+    reward: torch.Tensor | None = None  # as the update trains on it (team share, normalised where configured)
+    bootstrap: torch.Tensor | None = None  # V(final_obs) where truncated; None: filled in later (`bootstrap_truncated`)
+
+
+def _unless_quiet(flag: Callable[[StepRecord], torch.Tensor]) -> Callable[[Step], torch.Tensor | None]:
+    """A flag of the outcome, not written after a quiet record (StepRecord.quiet: all false, as `start` left them)."""
+    return lambda step: None if step.outcome.quiet else flag(step.outcome)
 
 
 @dataclass(frozen=True)
 class Field:
     """One per-step field: [T, N, A, *shape] of `dtype` ([T, N, *shape] where `per_env`; `extra_rows` more rows
-    before the first step). `sample`: laid out for the minibatches as `PPOBatch.<name>`."""
+    before the first step, and step t's row is t + extra_rows). `of`: its row at a step, from the step's `Step`
+    (None: not written at that step); `outcome`: read once the envs have stepped, else before (the observation may
+    be the env's own buffer, which its step overwrites). `sample`: laid out for the minibatches as
+    `PPOBatch.<name>`."""
 
     name: str
     dtype: torch.dtype
+    of: Callable[[Step], torch.Tensor | None]
     shape: tuple[int, ...] = ()
     per_env: bool = False
     sample: bool = False
     extra_rows: int = 0
+    outcome: bool = False
 
     def size(self, T: int, N: int, A: int) -> tuple[int, ...]:
         return (T + self.extra_rows, N, *(() if self.per_env else (A,)), *self.shape)
@@ -57,23 +89,32 @@ def fields(env: VecEnv, model: ActorCritic) -> list[Field]:
     critic (MAPPO's global state) and frame stack (each frame once); image observations stay uint8."""
     f32, flag = torch.float32, torch.bool
     stack = stored_stack(env, model)
-    if stack:  # the stacks rebuilt by index (episodes.frame_rows)
-        out = [Field("frames", torch.uint8, env.observation_space.shape[1:], extra_rows=stack - 1),
-               Field("stack_restarts", flag)]
+    if stack:  # the stacks rebuilt by index (episodes.frame_rows): each step stores its newest frame
+        out = [Field("frames", torch.uint8, lambda s: s.obs[:, :, -1], env.observation_space.shape[1:],
+                     extra_rows=stack - 1),
+               Field("stack_restarts", flag, lambda s: stack_restarts(s.done, s.outcome.trial_end, s.acted_on.active),
+                     outcome=True)]
     elif model.obs_is_image:
-        out = [Field("obs", torch.uint8, env.observation_space.shape)]
+        out = [Field("obs", torch.uint8, lambda s: s.obs, env.observation_space.shape)]
     else:
-        out = [Field("obs", f32, (obs_dim_of(env),))]
+        out = [Field("obs", f32, lambda s: s.obs, (obs_dim_of(env),))]
     space = env.action_space
-    out += [Field("actions", f32 if isinstance(space, Box) else torch.long, space.shape, sample=True),
-            Field("logprobs", f32, sample=True), Field("values", f32), Field("next_values", f32), Field("rewards", f32),
-            Field("terminated", flag), Field("truncated", flag), Field("active", flag), Field("trial_end", flag)]
+    out += [Field("actions", f32 if isinstance(space, Box) else torch.long, lambda s: s.action, space.shape, sample=True),
+            Field("logprobs", f32, lambda s: s.logprob, sample=True),
+            Field("values", f32, lambda s: s.value),
+            Field("next_values", f32, lambda s: s.bootstrap, outcome=True),
+            Field("rewards", f32, lambda s: s.reward, outcome=True),
+            Field("terminated", flag, _unless_quiet(lambda r: r.terminated), outcome=True),
+            Field("truncated", flag, _unless_quiet(lambda r: r.truncated), outcome=True),
+            Field("active", flag, lambda s: None if s.acted_on.quiet else s.acting),
+            Field("trial_end", flag, _unless_quiet(lambda r: r.trial_end), outcome=True)]
     if model.recurrent:
-        out += [Field("resets", flag, sample=True), Field("env_active", flag, sample=True)]
+        out += [Field("resets", flag, lambda s: s.resets, sample=True),
+                Field("env_active", flag, lambda s: s.acted_on.active, sample=True)]
     if model.centralized:
-        out.append(Field("states", f32, (state_dim_of(env),), per_env=True))
+        out.append(Field("states", f32, lambda s: s.acted_on.state.flatten(1), (state_dim_of(env),), per_env=True))
     if env.action_masks:  # the update evaluates each action on the mask it was sampled under
-        out.append(Field("action_mask", flag, (space.mask_width,), sample=True))
+        out.append(Field("action_mask", flag, lambda s: s.acted_on.action_mask, (space.mask_width,), sample=True))
     return out
 
 
@@ -97,6 +138,8 @@ class RolloutBuffer(Mapping[str, torch.Tensor]):
         self.tensors = {f.name: torch.zeros(f.size(T, N, A), dtype=f.dtype, device=device) for f in self.fields}
         # Every field's rows as views, made once: an eager step's write is one copy, not an index and a copy.
         self._rows = {k: v.unbind(0) for k, v in self.tensors.items()}
+        self._written_before = [f for f in self.fields if not f.outcome]
+        self._written_after = [f for f in self.fields if f.outcome]
         self.recurrent = model.recurrent
         self.turn_based = env.turn_based  # a reward on a turn the slot sat out is its last move's (compute_gae)
         self.frame_stack = stored_stack(env, model)
@@ -129,24 +172,25 @@ class RolloutBuffer(Mapping[str, torch.Tensor]):
             b["frames"][: self.frame_stack - 1].copy_(obs.movedim(2, 0)[: self.frame_stack - 1])
         self.segment_start = memory.clone()
 
-    def write(self, name: str, t: int | torch.Tensor, x: torch.Tensor) -> None:
-        """Row `t` of field `name`: an int row, or a [1] index tensor (one captured graph serves every row)."""
-        if isinstance(t, int):
-            self._rows[name][t].copy_(x)
-        else:
-            buf = self.tensors[name]
-            buf.index_copy_(0, t, x.to(buf.dtype).unsqueeze(0))
+    def write(self, t: int | torch.Tensor, step: Step) -> None:
+        """Row `t` of every field `step` holds: those read before the envs step (no `outcome` yet), or, once it
+        holds one, those read after. `t`: an int row, or a [1] index tensor (one captured graph serves every row)."""
+        for f in self._written_after if step.outcome is not None else self._written_before:
+            x = f.of(step)
+            if x is None:
+                continue
+            if isinstance(t, int):
+                self._rows[f.name][t + f.extra_rows].copy_(x)
+            else:
+                buf = self.tensors[f.name]
+                buf.index_copy_(0, t + f.extra_rows if f.extra_rows else t, x.to(buf.dtype).unsqueeze(0))
 
-    def row(self, name: str, t: int) -> torch.Tensor:
-        """Row `t` of field `name`, a view."""
-        return self._rows[name][t]
-
-    def write_frame(self, t: int | torch.Tensor, frame: torch.Tensor) -> None:
-        """The newest frame of step t's observation, in frames row t + S - 1 (see `frame_index`)."""
-        if isinstance(t, int):
-            self._rows["frames"][t + self.frame_stack - 1].copy_(frame)
-        else:
-            self.tensors["frames"].index_copy_(0, t + (self.frame_stack - 1), frame.unsqueeze(0))
+    def bootstrap_step(self, t: int, final_values: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Step t's bootstrap where a slot was truncated, after a step that left it out (a captured CPU step:
+        `Rollout.finals_after_step`): `final_values` takes the row as it stands and gives it with V(final_obs) where
+        truncated (`Rollout.final_values`)."""
+        row = self._rows["next_values"][t]
+        row.copy_(final_values(row))
 
     def bootstrap(self, value_after: torch.Tensor) -> None:
         """After the loop, each step's bootstrap where it was not truncated (docs/DESIGN.md section 2): the value

@@ -65,8 +65,7 @@ class Run:
     rollout: Rollout  # plays the envs into `buffer`
     buffer: RolloutBuffer
     params: list[torch.Tensor]  # the trained parameters
-    optimizer: Adam
-    lr: float  # the learning rate now (the optimizer holds it as a device tensor)
+    optimizer: Adam  # its `lr` is the learning rate now (`set_lr` changes it)
     hp: PPOParams
     update_step: StepFn  # one minibatch's update (`algo.minibatch_step`; compiled or a CUDA graph where asked)
     update_compiled: bool
@@ -207,5 +206,5 @@ def _build(cfg: Config, run_dir: Path | None, resume: bool, dist: Dist, parts: d
     dist.barrier()
     return Run(cfg=cfg, dist=dist, device=device, main=main, run_dir=run_dir, resume=resume, lock=lock, threads=threads,
                timer=timer, most_envs=fits, env=env, model=model, norms=norms, gen=gen, league=league, rollout=rollout,
-               buffer=buffer, params=params, optimizer=optimizer, lr=cfg.lr, hp=hp,
+               buffer=buffer, params=params, optimizer=optimizer, hp=hp,
                update_step=step, update_compiled=cfg.compile, update_slots=update_slots)

@@ -42,6 +42,11 @@ MAX_TOTAL_STEPS = 10**15  # beyond any run; a typo such as 1e99 is refused rathe
 
 @dataclass
 class Config:
+    """Every setting of a training run, each a typed key with its default, meaning and allowed values (the table
+    below; `phalanx train --help`). `phalanx.train` resolves one from layers: these defaults < the env's own training
+    defaults < a YAML or TOML file < keywords; a key it does not know, a value of the wrong type or out of range is
+    refused in one line naming the key and what it allows."""
+
     # What to train on, where.
     env: str = _f("cartpole", "environment name (see `phalanx envs`)")
     env_options: dict = _f({}, "options passed to the environment (see `phalanx envs`)")
@@ -176,9 +181,11 @@ class Config:
 
     @property
     def batch_size(self) -> int:
+        """Environment steps of one update: num_envs * num_steps."""
         return self.num_envs * self.num_steps
 
     def to_dict(self) -> dict[str, Any]:
+        """Every key and its value (what a run's config.json holds)."""
         return dataclasses.asdict(self)
 
 

@@ -86,6 +86,7 @@ def _bound(x: float) -> float | str:
 
 
 def space_json(space: Space) -> dict[str, Any]:
+    """A space as the contract writes it (JSON: its type, sizes and bounds, an infinite bound as a string)."""
     if isinstance(space, Discrete):
         return {"type": "Discrete", "n": space.n, "slot_n": list(space.slot_n)}
     if isinstance(space, MultiDiscrete):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -279,8 +280,7 @@ class CapturedSteps(Steps):
         with self.draw_contexts("ahead"):
             obs_n = self.captured(self.t_index[t], obs_n, stats)
         if r.finals_after_step:
-            nv = r.buffer.row("next_values", t)
-            nv.copy_(r.final_values(r.record, nv))
+            r.buffer.bootstrap_step(t, functools.partial(r.final_values, r.record))
         return obs_n
 
     def _graph_step(self, t: int, obs_n: torch.Tensor, stats: dict[str, torch.Tensor]) -> torch.Tensor:

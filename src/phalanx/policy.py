@@ -42,6 +42,7 @@ class Policy:
 
     @property
     def recurrent(self) -> bool:
+        """Whether the policy carries memory from one `act` to the next (LSTM, transformer)."""
         return self.model.recurrent
 
     def reset_memory(self) -> None:
@@ -58,6 +59,7 @@ class Policy:
 
     @property
     def device(self) -> torch.device:
+        """Where the weights are: observations given to `act` go there."""
         return next(self.model.parameters()).device
 
     def preprocess(self, obs: torch.Tensor) -> torch.Tensor:
@@ -95,6 +97,8 @@ class Policy:
 
     @torch.no_grad()
     def value(self, obs: torch.Tensor) -> torch.Tensor:
+        """The critic's value of observations `[*batch, A, *obs_shape]` -> `[*batch, A]`, in the units the run trained
+        it in (normalised where the run normalised values)."""
         return self.model.value(self.preprocess(obs))
 
 

@@ -17,11 +17,11 @@ from contextlib import AbstractContextManager
 import torch
 
 from phalanx.algo import Normalizers, model_input
-from phalanx.buffer import RolloutBuffer
+from phalanx.buffer import RolloutBuffer, Step
 from phalanx.config import Config
 from phalanx.draws import Draws
 from phalanx.envs.base import StepRecord, VecEnv
-from phalanx.episodes import EpisodeCounters, env_ended, stack_restarts
+from phalanx.episodes import EpisodeCounters, env_ended
 from phalanx.league import League
 from phalanx.models.protocol import ActorCritic
 from phalanx.profile import PhaseTimer
@@ -66,8 +66,6 @@ class Rollout:
         self.N, self.A = env.num_envs, env.num_agents
         self.obs_dims = len(env.observation_space.shape)
         self.buffer = buffer
-        self.frame_stack = buffer.frame_stack
-        self.write_states = "states" in buffer.tensors  # the global state, for a centralized critic
         self.record = env.reset(seed=seed)
         # The observation statistics count the reset observations here and every later one once, as it
         # arrives in `collect` (a rollout starts from the observation the previous one already counted).
@@ -195,8 +193,6 @@ class Rollout:
         rec, cfg, model = self.record, self.cfg, self.model
         learner, counters = self.learner, self.counters
         if model.recurrent:
-            self.buffer.write("resets", t, self.prev_done)
-            self.buffer.write("env_active", t, rec.active)
             with self.timer.phase("policy_forward"), self.amp():
                 action, logp, v_mem, self.memory = model.act_step(obs_n, self.memory, self.prev_done, rec.active, self.draws,
                                                                   mask=rec.action_mask)
@@ -213,19 +209,9 @@ class Rollout:
             with self.timer.phase("opponents"):
                 action = self.league.fill(action, rec, self.draws)
         acting = self._learner_rows if rec.quiet else rec.active & learner
-        if self.frame_stack:
-            self.buffer.write_frame(t, obs_n[:, :, -1])
-        else:
-            self.buffer.write("obs", t, obs_n)
-        if self.write_states:
-            self.buffer.write("states", t, rec.state.reshape(self.N, -1))
-        self.buffer.write("actions", t, action)
-        if rec.action_mask is not None:
-            self.buffer.write("action_mask", t, rec.action_mask)
-        self.buffer.write("logprobs", t, logp)
-        self.buffer.write("values", t, value)
-        if not rec.quiet:
-            self.buffer.write("active", t, acting)
+        step = Step(acted_on=rec, obs=obs_n, action=action, logprob=logp, value=value, acting=acting,
+                    resets=self.prev_done)
+        self.buffer.write(t, step)
         prev_active, prev_quiet = rec.active, rec.quiet
         with self.timer.phase("env_step"):
             rec = self._checked(self.env.step(model.head.to_env(action)), t, stats)
@@ -239,10 +225,8 @@ class Rollout:
         # forward (a memory critic's act_step: same memory, no reset where the episode goes on) or one more
         # call, so always when quiet. A captured CPU step leaves it to graphs.CapturedSteps.
         if not (rec.quiet or self.finals_after_step):
-            self.buffer.write("next_values", t, self.final_values(rec, self._no_value))
+            step.bootstrap = self.final_values(rec, self._no_value)
         self.prev_done = done
-        if self.frame_stack:
-            self.buffer.write("stack_restarts", t, stack_restarts(done, rec.trial_end, prev_active))
         # After a quiet record every slot acted.
         counters.add(reward, None if prev_quiet else prev_active, idle_rewards=self.turn_based)
         # The league counts every step; the rest only matters where a slot is done (or a slot left, so an
@@ -257,11 +241,8 @@ class Rollout:
             reward = (1 - w) * reward + w * team
         if self.norms.reward is not None:
             reward = self.norms.reward(reward, done, acting)
-        self.buffer.write("rewards", t, reward)
-        if not rec.quiet:
-            self.buffer.write("terminated", t, rec.terminated)
-            self.buffer.write("truncated", t, rec.truncated)
-            self.buffer.write("trial_end", t, rec.trial_end)
+        step.outcome, step.done, step.reward = rec, done, reward
+        self.buffer.write(t, step)
         self.record = rec
         return next_n
 

@@ -41,7 +41,7 @@ class Playing(Protocol):
 
 
 class Checkpointed(Protocol):
-    """What a checkpoint saves and puts back: the parts of a training run (trainer.Trainer) it reads."""
+    """What a checkpoint saves and puts back: the parts of a training run (build.Run) it reads."""
 
     cfg: Config
     dist: Dist
@@ -51,7 +51,6 @@ class Checkpointed(Protocol):
     model: ActorCritic
     params: list[torch.Tensor]
     optimizer: Adam
-    lr: float
     norms: Normalizers
     rollout: Playing
     league: League | None
@@ -100,7 +99,7 @@ def save(run: Checkpointed, at: Counters) -> Path:
         "update": at.update_idx,
         "config": run.cfg.to_dict(),
         "model_shapes": {k: list(v.shape) for k, v in run.model.state_dict().items()},
-        "lr": [run.lr],
+        "lr": [run.optimizer.lr],
         "memory_layout": MEMORY_LAYOUT,
         "recent_returns": at.recent_returns,
         "python_rng": [py_state[0], list(py_state[1]), py_state[2]],
@@ -140,7 +139,7 @@ def restore(run: Checkpointed, path: Path) -> Counters:
         if st:
             run.optimizer.state[p] = {k: v.to(device=dev, dtype=torch.float32 if k == "step" else v.dtype)
                                       for k, v in st.items()}
-    set_lr(run, float(meta["lr"][0]))
+    run.optimizer.set_lr(float(meta["lr"][0]))
     run.norms.load_state_dict(ckpt.section(state_t, "norms", dev))
     load_rollout(run.rollout, state_t, int(meta.get("memory_layout", 1)))
     if run.league is not None:
@@ -219,12 +218,6 @@ def load_step_state(rollout: Playing, state: dict[str, torch.Tensor], stats: dic
     if rollout.league is not None:
         rollout.league.load_step_state(ckpt.section(state, "league"))
     stats.update(ckpt.section(state, "stats"))
-
-
-def set_lr(run: Checkpointed, lr: float) -> None:
-    """The learning rate from now on (the optimizer's device tensor, changed in place: a captured step reads it)."""
-    run.lr = lr
-    run.optimizer.param_groups[0]["lr"].fill_(lr)
 
 
 def _league_state(run_dir: Path, path: Path, meta: dict[str, Any]) -> dict[str, Any]:

@@ -54,22 +54,11 @@ class Trainer:
     def __init__(self, cfg: Config, run_dir: Path | None = None, resume: bool = False, overwrite: bool = False):
         dist = Dist()
         try:
-            run = build_run(cfg, run_dir, resume, dist, overwrite)
+            self.run = build_run(cfg, run_dir, resume, dist, overwrite)
         except BaseException:
             dist.close()
             raise
-        # Where the run lives and what it runs on.
-        self.cfg, self.dist, self.device, self.main = run.cfg, run.dist, run.device, run.main
-        self.run_dir, self.resume, self.lock, self.threads, self.timer = run.run_dir, run.resume, run.lock, run.threads, run.timer
-        self.most_envs = run.most_envs
-        # What plays: the envs, the model, the rollout that plays them into the buffer.
-        self.env, self.model, self.norms, self.gen, self.league = run.env, run.model, run.norms, run.gen, run.league
-        self.rollout, self.buffer = run.rollout, run.buffer
-        # What learns: the parameters, their optimizer and the update.
-        self.params, self.optimizer, self.lr, self.hp = run.params, run.optimizer, run.lr, run.hp
         self.gae = params_of(GAEParams, cfg)  # how advantages are estimated: gamma, gae_lambda, trial_bootstrap
-        self.update_step, self.update_compiled, self.update_slots = run.update_step, run.update_compiled, run.update_slots
-        self.A = self.env.num_agents
         self.global_step = 0
         self.update_idx = 0
         self.recent_returns: list[float] = []
@@ -78,24 +67,23 @@ class Trainer:
         self.log: RunLog | None = None
         self.checkpoint_every = cfg.checkpoint_every or max(cfg.batch_size, cfg.total_steps // 10)
         self._last_ckpt_step, self._last_ckpt_time = 0, time.monotonic()
-        self._last_batch = None
-        self._value_clip_hinted = not cfg.clip_vloss
-        self._grad_clip_hinted = False
+        self._last_batch = None  # what a non-finite loss's snapshot saves
+        self._hinted = {"value_clip"} if not cfg.clip_vloss else set()  # the hints already printed, once a run
 
     def compile_update(self, backend: str = "inductor") -> None:
         """The minibatch update step captured whole (`algo.compile_step`); `backend` for tests (aot_eager)."""
-        self.update_step = compile_step(self.update_step, dynamic=False, backend=backend)
-        self.update_compiled = True
+        self.run.update_step = compile_step(self.run.update_step, dynamic=False, backend=backend)
+        self.run.update_compiled = True
 
     # -- one PPO iteration, in order ------------------------------------------------------------
     def collect(self) -> dict[str, torch.Tensor]:
         """Play `num_steps` of every env into the buffer (rollout.py: act, fill the other slots, step the envs,
         write the buffer's row, count episodes), then fill in the bootstrap of every step not truncated
         (buffer.py); -> the episode statistics, 0-d tensors."""
-        torch.set_num_threads(self.threads.collect)
-        with self.timer.phase("collect"):
-            stats = self.rollout.collect()
-            self.buffer.bootstrap(self.rollout.value_after())
+        torch.set_num_threads(self.run.threads.collect)
+        with self.run.timer.phase("collect"):
+            stats = self.run.rollout.collect()
+            self.run.buffer.bootstrap(self.run.rollout.value_after())
         return stats
 
     def update(self) -> dict[str, torch.Tensor]:
@@ -103,21 +91,21 @@ class Trainer:
         minibatches (buffer.py), then epochs of minibatch steps (algo/ppo.py: `update_step` is `minibatch_step`,
         forward, losses, backward, clip and Adam, compiled or a CUDA graph where asked); -> the update's mean
         metrics, 0-d tensors."""
-        torch.set_num_threads(self.threads.update)
-        with self.timer.phase("update"):
-            if self.cfg.anneal_lr:
-                run_state.set_lr(self, self.cfg.lr * (1.0 - self.update_idx / max(1, self.num_updates)))
-            with self.timer.phase("gae"):
-                adv, ret, trained = self.buffer.advantages(self.rollout.acts_after(), self.gae)
-            values, ret = normalised_values(self.buffer["values"], ret, trained, self.norms.value)
+        torch.set_num_threads(self.run.threads.update)
+        with self.run.timer.phase("update"):
+            if self.run.cfg.anneal_lr:
+                self.run.optimizer.set_lr(self.run.cfg.lr * (1.0 - self.update_idx / max(1, self.num_updates)))
+            with self.run.timer.phase("gae"):
+                adv, ret, trained = self.run.buffer.advantages(self.run.rollout.acts_after(), self.gae)
+            values, ret = normalised_values(self.run.buffer["values"], ret, trained, self.run.norms.value)
             # Where every sample trains no mean of any minibatch need test a mask; read where reading is free, and
             # not compiled, where a step without the mask would be a second graph.
-            every = not self.update_compiled and self.rollout.host_branches and self.rollout.every_step_active(trained)
-            batch = self.buffer.ppo_batch(adv, ret, values, None if every else trained, self.update_slots)
-            if not every and self.rollout.host_branches and not self.update_compiled:
+            every = not self.run.update_compiled and self.run.rollout.host_branches and self.run.rollout.every_step_active(trained)
+            batch = self.run.buffer.ppo_batch(adv, ret, values, None if every else trained, self.run.update_slots)
+            if not every and self.run.rollout.host_branches and not self.run.update_compiled:
                 batch = batch.trained_rows()
-            metrics = ppo_update(self.update_step, batch, self.hp, generator=self.gen,
-                                 sync_mean=self.dist.mean if self.dist.enabled else None)
+            metrics = ppo_update(self.run.update_step, batch, self.run.hp, generator=self.run.gen,
+                                 sync_mean=self.run.dist.mean if self.run.dist.enabled else None)
         self._last_batch = batch
         return metrics
 
@@ -129,20 +117,20 @@ class Trainer:
         try:
             stats = self.collect()
         except Exception as e:
-            crash = faults.player_crash(e, self.run_dir) or faults.env_crash(
-                e, self.env, self.rollout, self.cfg, self.run_dir, self.global_step, self.update_idx, self.dist.world)
+            crash = faults.player_crash(e, self.run.run_dir) or faults.env_crash(
+                e, self.run.env, self.run.rollout, self.run.cfg, self.run.run_dir, self.global_step, self.update_idx, self.run.dist.world)
             if crash is None:
                 raise
             raise crash from None
-        if self.env.action_masks:
+        if self.run.env.action_masks:
             self._check_masks(stats)
         self.global_step += self.steps_per_update
-        if self.dist.enabled:  # pooled statistics keep the ranks' normalisers identical
-            self.dist.pool_stats(self.norms.obs)
-            self.dist.pool_stats(self.norms.reward.stats if self.norms.reward is not None else None)
+        if self.run.dist.enabled:  # pooled statistics keep the ranks' normalisers identical
+            self.run.dist.pool_stats(self.run.norms.obs)
+            self.run.dist.pool_stats(self.run.norms.reward.stats if self.run.norms.reward is not None else None)
         metrics = self.update()
-        if self.dist.enabled:
-            self.dist.pool_stats(self.norms.value)
+        if self.run.dist.enabled:
+            self.run.dist.pool_stats(self.run.norms.value)
         self.update_idx += 1
         return self._summarise(metrics, stats, time.perf_counter() - t0)
 
@@ -154,49 +142,49 @@ class Trainer:
             [stats.pop(k) for k in ("mask_missing_step", "mask_empty_step", "mask_empty_where")]).tolist())
         at = f"at rollout step {{}} of update {self.update_idx + 1}"
         if missing >= 0:
-            raise EnvContractError(f"env '{self.cfg.env}' declares action_masks but its step returned action_mask=None "
+            raise EnvContractError(f"env '{self.run.cfg.env}' declares action_masks but its step returned action_mask=None "
                                    f"{at.format(missing)}; every record must hold the mask (all True where nothing is "
                                    "forbidden); nothing was trained on it")
         if empty >= 0:
-            raise EnvContractError(f"env '{self.cfg.env}' returned an action mask that allows no action to a slot: first "
-                                   f"{at.format(empty)} (env copy {where // self.A}, slot {where % self.A}); a mask must "
+            raise EnvContractError(f"env '{self.run.cfg.env}' returned an action mask that allows no action to a slot: first "
+                                   f"{at.format(empty)} (env copy {where // self.run.env.num_agents}, slot {where % self.run.env.num_agents}); a mask must "
                                    "leave every slot at least one action (per head); nothing was trained on it")
 
     @property
     def num_updates(self) -> int:
-        return max(1, math.ceil(self.cfg.total_steps / self.steps_per_update))
+        return max(1, math.ceil(self.run.cfg.total_steps / self.steps_per_update))
 
     @property
     def steps_per_update(self) -> int:
         """Environment steps of one update, summed over ranks."""
-        return self.cfg.batch_size * self.dist.world
+        return self.run.cfg.batch_size * self.run.dist.world
 
     def policy(self) -> Policy:
-        return Policy(self.model, self.norms.obs, self.cfg, self.env.observation_space, self.env.action_space,
-                      action_masks=self.env.action_masks)
+        return Policy(self.run.model, self.run.norms.obs, self.run.cfg, self.run.env.observation_space, self.run.env.action_space,
+                      action_masks=self.run.env.action_masks)
 
     # -- the loop --------------------------------------------------------------------------------
     def train(self, max_updates: int | None = None) -> RunResult:
         """Run until `total_steps` (or `max_updates` more updates, for tests and notebooks)."""
-        cfg = self.cfg
-        if self.main:
-            self.log = RunLog(self.run_dir, cfg.tensorboard, self.global_step if self.resume else None,
+        cfg = self.run.cfg
+        if self.run.main:
+            self.log = RunLog(self.run.run_dir, cfg.tensorboard, self.global_step if self.run.resume else None,
                               dict(project=cfg.wandb_project, mode=cfg.wandb_mode, config=cfg.to_dict()) if cfg.wandb else None)
         # Whole updates: the run ends at the first update that reaches total_steps, and says so where that is more.
         planned = self.num_updates * self.steps_per_update
-        if planned != cfg.total_steps and cfg.progress and self.main and self.global_step < cfg.total_steps:
+        if planned != cfg.total_steps and cfg.progress and self.run.main and self.global_step < cfg.total_steps:
             print(f"total_steps {cfg.total_steps:,} rounds up to whole updates: {self.num_updates:,} of "
                   f"{self.steps_per_update:,} steps, {planned:,} steps", file=sys.stderr, flush=True)
-        progress = Progress(planned, enabled=cfg.progress and self.main, start=self.global_step, num_agents=self.A)
+        progress = Progress(planned, enabled=cfg.progress and self.run.main, start=self.global_step, num_agents=self.run.env.num_agents)
         self._last_ckpt_time = started = time.monotonic()
         first_step = self.global_step
         try:
-            with runs.stop_signals(announce=self.main) as stop:
+            with runs.stop_signals(announce=self.run.main) as stop:
                 last_row = self._train_loop(progress, stop, max_updates)
         except StorageError as e:
-            raise StorageError(f"{e}; {faults.kept(self.run_dir)}") from None
+            raise StorageError(f"{e}; {faults.kept(self.run.run_dir)}") from None
         except KeyboardInterrupt:  # a second Ctrl-C: the update in flight is abandoned
-            raise Stopped(f"interrupted during update {self.update_idx + 1}; {faults.kept(self.run_dir)}",
+            raise Stopped(f"interrupted during update {self.update_idx + 1}; {faults.kept(self.run.run_dir)}",
                           signal.SIGINT) from None
         finally:
             progress.close()
@@ -207,43 +195,34 @@ class Trainer:
         final = {**last_row, "elapsed_s": elapsed, "run_sps": (self.global_step - first_step) / max(elapsed, 1e-9)}
         if self.recent_returns:
             final["recent_return"] = self.recent_return()
-        if self.global_step >= cfg.total_steps and cfg.eval_episodes > 0 and self.main:
-            ev = evaluate_policy(self.policy(), cfg.env, registry.evaluation_options(cfg.env, cfg.env_options), episodes=cfg.eval_episodes, seed=cfg.seed + 7777, device=self.device)
+        if self.global_step >= cfg.total_steps and cfg.eval_episodes > 0 and self.run.main:
+            ev = evaluate_policy(self.policy(), cfg.env, registry.evaluation_options(cfg.env, cfg.env_options), episodes=cfg.eval_episodes, seed=cfg.seed + 7777, device=self.run.device)
             final.update({f"eval_{k}": v for k, v in ev.items() if isinstance(v, (int, float))})
-            ckpt.write_json_atomic(self.run_dir / "eval.json", ev)
+            ckpt.write_json_atomic(self.run.run_dir / "eval.json", ev)
         # Ranks leave together: one that tore its process group down while rank 0 still evaluated was
         # once aborted by gloo ("terminate called without an active exception") on a loaded machine.
-        self.dist.barrier()
-        return RunResult(self.run_dir, final, self.policy(), cfg, list(self.history))
+        self.run.dist.barrier()
+        return RunResult(self.run.run_dir, final, self.policy(), cfg, list(self.history))
 
     def _train_loop(self, progress: Progress, stop: runs.StopRequest, max_updates: int | None) -> dict[str, Any]:
         """Updates until `total_steps` (or `max_updates` more), checkpointing every `checkpoint_every` steps and
         `checkpoint_minutes` minutes; a stop signal ends the loop after the current update with a checkpoint
         (Stopped). -> the last update's row."""
-        cfg = self.cfg
+        cfg = self.run.cfg
         done_updates, last_row = 0, {}
         while self.global_step < cfg.total_steps and (max_updates is None or done_updates < max_updates):
             row = self.iteration()
             done_updates += 1
-            if self.main:
+            if self.run.main:
                 self.log.write(row)
             self.history.append(row)
             last_row = row
             progress.update(self.global_step, row["sps"], self.recent_return())
-            if not self._value_clip_hinted and cfg.progress and self.main:
-                hint = value_clip_hint(self.history, self.hp.value_clip, cfg.norm_value)
-                if hint is not None:
-                    self._value_clip_hinted = True
-                    print(hint, file=sys.stderr, flush=True)
-            if not self._grad_clip_hinted and cfg.progress and self.main:
-                hint = grad_clip_hint(self.history, cfg.max_grad_norm, cfg.norm_value,
-                                      cfg.num_epochs * cfg.num_minibatches)
-                if hint is not None:
-                    self._grad_clip_hinted = True
-                    print(hint, file=sys.stderr, flush=True)
+            if cfg.progress and self.run.main:
+                self._hint()
             # Rank 0 decides for every rank (their clocks and signals may differ; a save is collective).
             due = cfg.checkpoint_minutes > 0 and time.monotonic() - self._last_ckpt_time >= 60 * cfg.checkpoint_minutes
-            decision = self.dist.broadcast_int(2 * (stop.signum or 0) + int(due))
+            decision = self.run.dist.broadcast_int(2 * (stop.signum or 0) + int(due))
             stop.signum = decision // 2 or None
             if stop.signum is not None:
                 break
@@ -254,9 +233,21 @@ class Trainer:
         if stop.signum is not None:
             progress.close()
             raise Stopped(f"stopped by {signal.Signals(stop.signum).name} at step {self.global_step:,} of "
-                          f"{self.num_updates * self.steps_per_update:,}; checkpoint saved in '{self.run_dir}'; "
-                          f"resume with `phalanx train --resume {self.run_dir}`", stop.signum)
+                          f"{self.num_updates * self.steps_per_update:,}; checkpoint saved in '{self.run.run_dir}'; "
+                          f"resume with `phalanx train --resume {self.run.run_dir}`", stop.signum)
         return last_row
+
+    def _hint(self) -> None:
+        """Print each hint the history calls for (logs.py: value and gradient clipping), once a run."""
+        cfg = self.run.cfg
+        hints = {"value_clip": lambda: value_clip_hint(self.history, self.run.hp.value_clip, cfg.norm_value),
+                 "grad_clip": lambda: grad_clip_hint(self.history, cfg.max_grad_norm, cfg.norm_value,
+                                                     cfg.num_epochs * cfg.num_minibatches)}
+        for name, hint in hints.items():
+            text = None if name in self._hinted else hint()
+            if text is not None:
+                self._hinted.add(name)
+                print(text, file=sys.stderr, flush=True)
 
     def recent_return(self) -> float | None:
         """The mean episode return of the last updates that ended episodes (up to 10): what the progress shows
@@ -266,34 +257,34 @@ class Trainer:
     def _summarise(self, metrics: dict[str, torch.Tensor], stats: dict[str, torch.Tensor], seconds: float) -> dict[str, Any]:
         """The update's metrics row, from one host read of every metric; stops the run on non-finite
         values (from the env or in the loss) with a snapshot of the batch."""
-        cfg = self.cfg
-        means = self.dist.mean(torch.stack([v.float() for v in metrics.values()]))
-        sums = self.dist.sum(torch.stack([v.float() for v in stats.values()]))
+        cfg = self.run.cfg
+        means = self.run.dist.mean(torch.stack([v.float() for v in metrics.values()]))
+        sums = self.run.dist.sum(torch.stack([v.float() for v in stats.values()]))
         values = dict(zip(list(metrics) + list(stats), torch.cat([means, sums]).tolist()))  # the one host read
         nonfinite = values.pop("nonfinite")
         env_bad, first_bad = values.pop("env_nonfinite"), values.pop("env_first_bad_step")
         for key in ("mask_missing_step", "mask_empty_step", "mask_empty_where"):  # read by _check_masks where masked
             values.pop(key, None)
-        row = summary_row(self.global_step, self.update_idx, values, self.A, self.env.success_key)
+        row = summary_row(self.global_step, self.update_idx, values, self.run.env.num_agents, self.run.env.success_key)
         if "episode_return" in row:
             self.recent_returns = (self.recent_returns + [row["episode_return"]])[-10:]
-        if self.league is not None:
-            row.update(self.league.end_update(self.global_step, self.model, self.norms.obs))
+        if self.run.league is not None:
+            row.update(self.run.league.end_update(self.global_step, self.run.model, self.run.norms.obs))
         if env_bad > 0:
             row["env_nonfinite"] = env_bad
             if cfg.nonfinite_env == "stop":
-                step = self.global_step - self.steps_per_update + int(first_bad) * cfg.num_envs * self.dist.world
-                where = faults.save_nonfinite(self.run_dir, self.update_idx, self._last_batch, cfg, row)
+                step = self.global_step - self.steps_per_update + int(first_bad) * cfg.num_envs * self.run.dist.world
+                where = faults.save_nonfinite(self.run.run_dir, self.update_idx, self._last_batch, cfg, row)
                 raise NonFiniteEnvError(
                     f"env '{cfg.env}' returned {int(env_bad)} NaN or infinite values (observations, states or "
                     f"rewards), first at rollout step {int(first_bad)} of update {self.update_idx} (about step "
                     f"{step}); batch and config saved to '{where}'; set nonfinite_env=zero to replace them with 0")
-        row["lr"] = self.lr
+        row["lr"] = self.run.optimizer.lr
         row["sps"] = self.steps_per_update / seconds
         row["time"] = time.time()
         if nonfinite > 0 or not all(math.isfinite(v) for v in values.values()):
-            where = faults.save_nonfinite(self.run_dir, self.update_idx, self._last_batch, cfg, row)
-            last = ckpt.list_checkpoints(self.run_dir)
+            where = faults.save_nonfinite(self.run.run_dir, self.update_idx, self._last_batch, cfg, row)
+            last = ckpt.list_checkpoints(self.run.run_dir)
             raise NonFiniteLossError(
                 f"loss became non-finite at update {self.update_idx} (step {self.global_step}); "
                 f"batch and config saved to '{where}'; last good checkpoint: {last[-1] if last else 'none'}"
@@ -302,22 +293,22 @@ class Trainer:
 
     # -- checkpoints (run_state.py) --------------------------------------------------------------
     def save(self) -> Path:
-        path = run_state.save(self, run_state.Counters(self.global_step, self.update_idx, self.recent_returns))
+        path = run_state.save(self.run, run_state.Counters(self.global_step, self.update_idx, self.recent_returns))
         self._last_ckpt_step, self._last_ckpt_time = self.global_step, time.monotonic()
         return path
 
     def restore(self, path: Path) -> None:
-        at = run_state.restore(self, path)
-        self.rollout.steps.forget()  # a recorded CUDA graph reads the tensors the restore replaced
+        at = run_state.restore(self.run, path)
+        self.run.rollout.steps.forget()  # a recorded CUDA graph reads the tensors the restore replaced
         self.global_step, self.update_idx, self.recent_returns = at.global_step, at.update_idx, at.recent_returns
         self._last_ckpt_step, self._last_ckpt_time = self.global_step, time.monotonic()
 
     def close(self) -> None:
         """Release what the run holds."""
-        self.env.close()
-        if self.lock is not None:
-            self.lock.release()
-        self.dist.close()
+        self.run.env.close()
+        if self.run.lock is not None:
+            self.run.lock.release()
+        self.run.dist.close()
 
 
 def train(config: Config | str | Path | dict | None = None, *, resume: str | Path | None = None, overwrite: bool = False,
@@ -356,11 +347,11 @@ def train(config: Config | str | Path | dict | None = None, *, resume: str | Pat
         try:
             trainer.restore(ckpt.latest_checkpoint(run_dir))
             if trainer.global_step >= cfg.total_steps:  # nothing to run: the metrics, events and eval stay as they are
-                if trainer.main:
+                if trainer.run.main:
                     print(f"run '{run_dir}' is complete: step {trainer.global_step:,} of total_steps {cfg.total_steps:,}; "
                           f"nothing to resume (give a larger --total-steps to train it longer)", file=sys.stderr, flush=True)
                 return RunResult(run_dir, {}, trainer.policy(), cfg, [])
-            if trainer.main:
+            if trainer.run.main:
                 runs.truncate_metrics(run_dir, trainer.global_step)
                 ckpt.write_json_atomic(run_dir / "config.json", cfg.to_dict())
             return trainer.train(max_updates=max_updates)
@@ -369,11 +360,11 @@ def train(config: Config | str | Path | dict | None = None, *, resume: str | Pat
     cfg = resolve(*layers)
     trainer = Trainer(cfg, overwrite=overwrite)
     try:
-        if trainer.main:
-            ckpt.write_json_atomic(trainer.run_dir / "config.json", {**cfg.to_dict(), "run_dir": str(trainer.run_dir)})
+        if trainer.run.main:
+            ckpt.write_json_atomic(trainer.run.run_dir / "config.json", {**cfg.to_dict(), "run_dir": str(trainer.run.run_dir)})
             spec = registry.spec(cfg.env)
-            ckpt.write_json_atomic(trainer.run_dir / "manifest.json",
-                                   {**runs.manifest(trainer.device, cfg.seed), "world_size": trainer.dist.world,
+            ckpt.write_json_atomic(trainer.run.run_dir / "manifest.json",
+                                   {**runs.manifest(trainer.run.device, cfg.seed), "world_size": trainer.run.dist.world,
                                     **({"env_source": spec.source} if spec is not None and spec.source else {})})
         return trainer.train(max_updates=max_updates)
     finally:

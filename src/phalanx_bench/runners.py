@@ -84,11 +84,11 @@ def bench_trainer(
     """(rollout, train) measurements of one Trainer built from `config(num_envs, num_steps, run_dir, threads, device)`;
     rollout is None with `rollout=False`. Rates count agent steps: num_envs x num_steps x num_agents per iteration."""
     with built_trainer(num_envs, num_steps, threads, device, config) as trainer:
-        agent_steps = trainer.cfg.batch_size * trainer.A
-        rolled = measure(trainer.collect, agent_steps, seconds, trainer.device) if rollout else None
-        train = measure(trainer.iteration, agent_steps, seconds, trainer.device)
-        train["most_envs"] = trainer.most_envs  # what fits in the device's free memory, by the trainer's own check
-        train["update_chunks"] = trainer.hp.update_chunks
+        agent_steps = trainer.run.cfg.batch_size * trainer.run.env.num_agents
+        rolled = measure(trainer.collect, agent_steps, seconds, trainer.run.device) if rollout else None
+        train = measure(trainer.iteration, agent_steps, seconds, trainer.run.device)
+        train["most_envs"] = trainer.run.most_envs  # what fits in the device's free memory, by the trainer's own check
+        train["update_chunks"] = trainer.run.hp.update_chunks
     return rolled, train
 
 
@@ -131,7 +131,7 @@ def run_cartpole(args: argparse.Namespace) -> dict[str, Any]:
         with contextlib.ExitStack() as stack:
             trainer = stack.enter_context(built_trainer(n, args.steps, args.threads, str(device)))
             steps = n * args.steps
-            rollout = measure(trainer.collect, steps, args.seconds, trainer.device)
+            rollout = measure(trainer.collect, steps, args.seconds, trainer.run.device)
             contest = {"train": (trainer.iteration, steps)}
             if args.ref:
                 ref_loop = ReferencePPO(n, args.steps, device)
@@ -311,12 +311,12 @@ def run_suite(args: argparse.Namespace) -> dict[str, Any]:
 def _timed_cycles(trainer: Trainer, seconds: float) -> tuple[int, float]:
     """(cycles, wall seconds) of training iterations run until `seconds` passed (at least one)."""
     cycles = 0
-    sync(trainer.device)
+    sync(trainer.run.device)
     t0 = time.perf_counter()
     while cycles == 0 or time.perf_counter() - t0 < seconds:
         trainer.iteration()
         cycles += 1
-    sync(trainer.device)
+    sync(trainer.run.device)
     return cycles, time.perf_counter() - t0
 
 
@@ -331,12 +331,12 @@ def profile_workload(name: str, num_envs: int, num_steps: int | None, seconds: f
         trainer = Trainer(workload_config(name, num_envs, num_steps, tmp, threads, str(device)))
         try:
             trainer.iteration()  # warm-up
-            clock = trainer.timer
+            clock = trainer.run.timer
             clock.reset()
             clock.enabled = True
             cycles, wall = _timed_cycles(trainer, seconds)
             clock.enabled = False
-            shape = {"num_agents": trainer.A, "num_steps": trainer.cfg.num_steps}
+            shape = {"num_agents": trainer.run.env.num_agents, "num_steps": trainer.run.cfg.num_steps}
         finally:
             trainer.close()
     sec = {k: v / cycles for k, v in clock.seconds.items()}

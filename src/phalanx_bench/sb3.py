@@ -103,8 +103,8 @@ def bench_phalanx_cycles(config: Callable[[str], Any], cycles: int) -> float:
             t0 = time.perf_counter()
             for _ in range(cycles):
                 trainer.iteration()
-            sync(trainer.device)
-            return cycles * trainer.cfg.batch_size / (time.perf_counter() - t0)
+            sync(trainer.run.device)
+            return cycles * trainer.run.cfg.batch_size / (time.perf_counter() - t0)
         finally:
             trainer.close()
 

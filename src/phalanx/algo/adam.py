@@ -32,6 +32,16 @@ class Adam:
         self.param_groups: list[dict[str, Any]] = [
             {"params": list(params), "lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": 0.0}]
         self.state: dict[torch.Tensor, dict[str, torch.Tensor]] = {}
+        self.lr = float(lr)  # the learning rate now, on the host: the metrics row and the checkpoint read it
+
+    def set_lr(self, lr: float) -> None:
+        """The learning rate from now on; a device tensor's is changed in place (a captured step reads it)."""
+        group = self.param_groups[0]
+        if torch.is_tensor(group["lr"]):
+            group["lr"].fill_(lr)
+        else:
+            group["lr"] = lr
+        self.lr = float(lr)
 
     def state_dict(self) -> dict[str, Any]:
         """torch.optim's form: per-parameter state by index (the live tensors, as torch.optim gives them: copy
@@ -47,11 +57,7 @@ class Adam:
         (group,) = state_dict["param_groups"]
         if len(group["params"]) != len(params):
             raise ValueError(f"optimizer state for {len(group['params'])} parameters; this one has {len(params)}")
-        lr = self.param_groups[0]["lr"]
-        if torch.is_tensor(lr):  # the trainer's learning rate is one device tensor, changed in place
-            lr.fill_(float(group["lr"]))
-        else:
-            self.param_groups[0]["lr"] = group["lr"]
+        self.set_lr(float(group["lr"]))
         self.param_groups[0].update(betas=tuple(group["betas"]), eps=group["eps"])
         self.state = {params[int(i)]: {k: v.clone() if torch.is_tensor(v) else v for k, v in st.items()}
                       for i, st in state_dict["state"].items()}

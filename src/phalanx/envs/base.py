@@ -18,18 +18,18 @@ from phalanx.envs.spaces import Space
 class StepRecord:
     """What `reset` and `step` return. Shapes: N envs, A agent slots.
 
-    obs [N, A, *obs_shape]; state [N, *state_shape] or None; reward [N, A] float32;
-    terminated / truncated / active / trial_end [N, A] bool; final_obs like obs (equals obs
-    where no episode ended); final_state like state; info: per-env metric tensors [N] or [N, A].
+    obs `[N, A, *obs_shape]`; state `[N, *state_shape]` or None; reward `[N, A]` float32;
+    terminated / truncated / active / trial_end `[N, A]` bool; final_obs like obs (equals obs
+    where no episode ended); final_state like state; info: per-env metric tensors `[N]` or `[N, A]`.
     Environments auto-reset: where an episode ended, obs is the next episode's first observation.
 
     `reward`, `terminated`, `truncated` describe the step just taken by the slots that were active
     before it; `active` says which slots act on the returned `obs`. A slot's own end (death,
     leaving) is flagged `terminated` on its last active step. An env's episode ended at this step
     where every slot is done or was already inactive. `info` values are read where the env's
-    episode ended (e.g. info["houses_saved"] [N]) and averaged into the update's metrics.
+    episode ended (e.g. `info["houses_saved"]` `[N]`) and averaged into the update's metrics.
 
-    `action_mask`: None (every action allowed), or bool [N, A, n] for a Discrete action space, [N, A, sum(nvec)]
+    `action_mask`: None (every action allowed), or bool `[N, A, n]` for a Discrete action space, `[N, A, sum(nvec)]`
     for a MultiDiscrete one (each head's values in turn): True where the slot may take the action on `obs`.
     It leaves every slot, active or not, at least one action (per head), and the env accepts every action it
     allows; policies sample and play greedily over allowed actions only (docs/ENVIRONMENTS.md, Action masks).
@@ -140,9 +140,13 @@ class VecEnv:
     has_move_outcomes: bool = False
 
     def reset(self, seed: int | None = None) -> StepRecord:
+        """Every copy afresh (`seed`: the env's draws from now on; None: go on from its generator) -> the first
+        record, every slot active and no flag set."""
         raise NotImplementedError
 
     def step(self, actions: torch.Tensor) -> StepRecord:
+        """Every copy one step on `actions` `[N, A, *action_shape]` (what inactive slots take is ignored) -> its
+        record; copies whose episode ended are reset in the same call (see `StepRecord`)."""
         raise NotImplementedError
 
     def step_state(self) -> dict[str, torch.Tensor]:
@@ -227,9 +231,10 @@ class VecEnv:
         return None
 
     def close(self) -> None:
-        pass
+        """Release what the env holds outside torch (a host env's processes, windows); the default holds nothing."""
 
     def default_roles(self) -> torch.Tensor:
+        """`[A]` long: each slot's role (an index into `role_names`) where the env does not say otherwise; all 0."""
         return torch.zeros(self.num_agents, dtype=torch.long, device=self.device)
 
     def _seed_generator(self, seed: int | None) -> None:
@@ -255,6 +260,7 @@ def generator_state(gen: torch.Generator) -> torch.Tensor:
 
 
 def set_generator_state(gen: torch.Generator, state: torch.Tensor) -> None:
+    """Put back a state `generator_state` took (from any device, as loaded from a checkpoint)."""
     gen.set_state(state.to(device="cpu", dtype=torch.uint8).contiguous())
 
 

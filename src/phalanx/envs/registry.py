@@ -30,6 +30,9 @@ from phalanx.errors import ConfigError, PhalanxError, one_line
 
 @dataclass(frozen=True)
 class EnvOption:
+    """One option of a registered env (`make(name, **options)`, `--env-options`): its default, meaning and allowed
+    values, checked before the env is built."""
+
     default: Any
     help: str
     choices: tuple[Any, ...] | None = None
@@ -42,6 +45,9 @@ class EnvOption:
 
 @dataclass(frozen=True)
 class EnvSpec:
+    """What `register` records of an env name: the factory that builds it, its options, and the training defaults
+    that suit it (between the schema's defaults and the user's config)."""
+
     name: str
     factory: Callable[..., VecEnv]
     description: str
@@ -112,6 +118,8 @@ def _own(table: dict[str, str], key: str, obj: Any) -> bool:
 
 
 def register(spec: EnvSpec) -> None:
+    """Make `spec.name` an env name that `make`, the config and the command line accept (replacing a built-in env of
+    that name, whose module is imported first so that its own registration cannot win later)."""
     if _own(BUILT_IN, spec.name, spec.factory):
         _BUILT_IN_SPECS[spec.name] = spec
     elif spec.name in BUILT_IN:  # replacing a built-in env: its module first, so that its import cannot win later

@@ -128,6 +128,7 @@ class Discrete:
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """An action's shape: one integer, `()`."""
         return ()
 
     @staticmethod
@@ -138,6 +139,7 @@ class Discrete:
         return Discrete(max(counts), slot_n=tuple(counts))
 
     def describe(self) -> str:
+        """One line for `phalanx envs` and error messages."""
         return f"Discrete({self.n}, per slot {list(self.slot_n)})" if self.slot_n else f"Discrete({self.n})"
 
     def valid_actions(self) -> torch.Tensor | None:
@@ -225,9 +227,11 @@ class MultiDiscrete:
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """An action's shape: one integer per head, `(len(nvec),)`."""
         return (len(self.nvec),)
 
     def describe(self) -> str:
+        """One line for `phalanx envs` and error messages."""
         gated = "".join(f", head {h} only when head {j} == {v}" for h, j, v in self.gates)
         return f"MultiDiscrete({list(self.nvec)}{gated})"
 
@@ -330,12 +334,15 @@ class Box:
 
     @staticmethod
     def uniform(low: float, high: float, shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> Box:
+        """A box of `shape` with the same bounds on every side."""
         return Box(low, high, shape, dtype)
 
     def low_tensor(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """The lower bounds as a tensor of `shape` on `device`."""
         return constant(tuple(self.low), device).reshape(self.shape)
 
     def high_tensor(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """The upper bounds as a tensor of `shape` on `device`."""
         return constant(tuple(self.high), device).reshape(self.shape)
 
     def sample(self, num_envs: int, num_agents: int, generator: Source, device: torch.device | str) -> torch.Tensor:
@@ -354,6 +361,7 @@ class Box:
         return actions
 
     def describe(self) -> str:
+        """One line for `phalanx envs` and error messages."""
         lo, hi = min(self.low), max(self.high)
         return f"Box(shape={list(self.shape)}, low={lo:g}, high={hi:g}, dtype={str(self.dtype).replace('torch.', '')})"
 
