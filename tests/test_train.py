@@ -15,8 +15,10 @@ from safetensors.torch import load_file
 import phalanx
 import phalanx.zoo.cartpole
 from phalanx import checkpoint as ckpt
+from phalanx.config import resolve
 from phalanx.errors import CheckpointError, ConfigError, NonFiniteLossError, StorageError
 from phalanx.evaluate import evaluate_policy
+from phalanx.trainer import Trainer
 
 SMALL = dict(num_envs=8, num_steps=16, num_epochs=2, num_minibatches=2, progress=False, tensorboard=False)
 
@@ -404,3 +406,17 @@ def test_three_runs_launched_together_without_a_run_dir_all_train(tmp_path):
     made = sorted((tmp_path / "runs").iterdir())
     assert len(made) == 3 and all(ckpt.list_checkpoints(r) for r in made)
     assert sorted(json.loads((r / "config.json").read_text())["seed"] for r in made) == [1, 2, 3]
+
+
+def test_the_trainer_holds_its_run_and_a_few_counters(tmp_path):
+    """The trainer holds the run `build_run` made (its parts read as `trainer.run.model`), not a copy of each part:
+    a dozen attributes (issue 64: it had 37)."""
+    t = Trainer(resolve(dict(env="cartpole", num_envs=2, num_steps=4, progress=False, tensorboard=False,
+                             run_dir=str(tmp_path / "r"))))
+    try:
+        assert len(vars(t)) <= 15, sorted(vars(t))
+        assert not {"model", "env", "buffer", "rollout", "optimizer", "cfg"} & set(vars(t))
+        t.run.optimizer.set_lr(0.25)  # exact in float32, the device tensor's dtype
+        assert t.run.optimizer.lr == 0.25 and float(t.run.optimizer.param_groups[0]["lr"]) == 0.25
+    finally:
+        t.close()
