@@ -6,12 +6,15 @@ import torch
 import phalanx
 from phalanx.algo import compile_step
 from phalanx.config import resolve
-from phalanx.graphs import capture
+from phalanx.rollout import StepMode
 from phalanx.run_state import rollout_tensors
 from phalanx.trainer import Trainer
 
 CFG = dict(env="cartpole", total_steps=512 * 4, num_envs=8, num_steps=64, num_minibatches=2, progress=False,
            tensorboard=False, seed=3)
+
+# The rollout's step compiled whole as --compile captures it, by a backend that needs no C++ toolchain.
+CAPTURED = StepMode(compiled=True, backend="aot_eager")
 
 
 def _inductor_works() -> bool:
@@ -131,12 +134,11 @@ def test_rollout_step_is_one_graph_and_draws_what_eager_draws(tmp_path, case):
     bit as the eager rollout does: the random draws are replayed, not redrawn. Updates run between collects,
     so later collects act with trained weights; the carried state (memory, counters, env) stays equal."""
     torch._dynamo.reset()
-    make = lambda name: Trainer(resolve(dict(ROLLOUT[case], num_envs=4, num_steps=8, progress=False,  # noqa: E731
-                                             tensorboard=False, run_dir=str(tmp_path / name))))
-    eager, captured = make("eager"), make("captured")
+    make = lambda name, **kw: Trainer(resolve(dict(ROLLOUT[case], num_envs=4, num_steps=8, progress=False,  # noqa: E731
+                                             tensorboard=False, run_dir=str(tmp_path / name))), **kw)
+    eager, captured = make("eager"), make("captured", step_mode=CAPTURED)
     try:
         assert captured.run.env.capturable
-        capture(captured.run.rollout, backend="aot_eager")
         for i in range(3):
             with torch._dynamo.config.patch(error_on_recompile=i > 0):
                 stats_e, stats_c = eager.collect(), captured.collect()
@@ -178,11 +180,10 @@ def test_captured_rollout_values_truncated_final_observations_as_eager_does(tmp_
     matrix products round by row count: one call over the whole rollout's truncated rows, or over every env in
     the step, put bootstraps 1e-7 from eager's)."""
     torch._dynamo.reset()
-    make = lambda name: Trainer(resolve(dict(dict(norm_obs=True, num_envs=4), **FINALS[case], num_steps=8,  # noqa: E731
-                                             progress=False, tensorboard=False, run_dir=str(tmp_path / name))))
-    eager, captured = make("eager"), make("captured")
+    make = lambda name, **kw: Trainer(resolve(dict(dict(norm_obs=True, num_envs=4), **FINALS[case], num_steps=8,  # noqa: E731
+                                             progress=False, tensorboard=False, run_dir=str(tmp_path / name))), **kw)
+    eager, captured = make("eager"), make("captured", step_mode=CAPTURED)
     try:
-        capture(captured.run.rollout, backend="aot_eager")
         staggered, truncated_per_step = case.endswith("staggered"), set()
         for i in range(3):
             eager.collect(), captured.collect()
@@ -216,15 +217,14 @@ def test_captured_league_step_is_one_graph_with_a_growing_pool(tmp_path, model):
     rollout forwards each snapshot over its own envs' rows; the graph runs every player over every env).
     Matches of 6 steps: truncated steps, whose bootstrap a memory critic values from that step's memory."""
     torch._dynamo.reset()
-    make = lambda name: Trainer(resolve(dict(  # noqa: E731
+    make = lambda name, **kw: Trainer(resolve(dict(  # noqa: E731
         LEAGUE[model], env="duel", env_options={"time_limit": 6}, opponents="self_play:2,based:1,learner:1", pool_size=2,
         snapshot_every=32, num_envs=4, num_steps=8, num_minibatches=2, progress=False, tensorboard=False,
-        run_dir=str(tmp_path / name))))
-    eager, captured = make("eager"), make("captured")
+        run_dir=str(tmp_path / name))), **kw)
+    eager, captured = make("eager"), make("captured", step_mode=CAPTURED)
     try:
         # The captured step's path, run eagerly: every player over every env.
         eager.run.league.select_rows = False
-        capture(captured.run.rollout, backend="aot_eager")
         assigned = set()
         for i in range(4):
             with torch._dynamo.config.patch(error_on_recompile=i > 0):

@@ -60,17 +60,17 @@ def test_example_rollout_step_is_captured_whole_as_eager_runs_it(in_example, tmp
     import torch
 
     from phalanx.config import resolve
-    from phalanx.graphs import capture
+    from phalanx.rollout import StepMode
     from phalanx.run_state import rollout_tensors
     from phalanx.trainer import Trainer
 
     torch._dynamo.reset()
-    make = lambda name: Trainer(resolve(dict(env="rendezvous:make", model=model, lstm_hidden=16, hidden_sizes=[16],  # noqa: E731
+    CAPTURED = StepMode(compiled=True, backend="aot_eager")  # noqa: N806
+    make = lambda name, **kw: Trainer(resolve(dict(env="rendezvous:make", model=model, lstm_hidden=16, hidden_sizes=[16],  # noqa: E731
                                              num_envs=4, num_steps=8, num_minibatches=2, progress=False, tensorboard=False,
-                                             run_dir=str(tmp_path / name))))
-    eager, captured = make("eager"), make("captured")
+                                             run_dir=str(tmp_path / name))), **kw)
+    eager, captured = make("eager"), make("captured", step_mode=CAPTURED)
     try:
-        capture(captured.run.rollout, backend="aot_eager")
         for i in range(3):
             with torch._dynamo.config.patch(error_on_recompile=i > 0):
                 eager.collect(), captured.collect()

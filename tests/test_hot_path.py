@@ -3,7 +3,7 @@
 import inspect
 import re
 
-from phalanx import graphs
+from phalanx import build, graphs
 from phalanx.algo import gae, normalize, ppo
 from phalanx.buffer import BatchEvaluator, RolloutBuffer
 from phalanx.config import resolve
@@ -60,8 +60,10 @@ def test_rollout_reads_the_host_only_where_reading_is_free():
         if "every_step_active" in line:
             assert "self.run.rollout.host_branches" in line, line
     assert "None if every else trained" in update  # the one read, of the update's own mask
-    assert "rollout.host_branches = False" in _code(graphs.static_step)
-    assert "static_step(rollout)" in _code(graphs.capture) and "static_step(rollout)" in _code(graphs.use_cuda_graphs)
+    # The step mode (fixed when the rollout is built) turns them off wherever a step is captured.
+    assert "self.host_branches = cpu and not mode.host_free" in _code(Rollout.__init__)
+    assert rollout.StepMode(compiled=True).host_free and rollout.StepMode(graphed=True).host_free
+    assert "mode.host_free" in _code(graphs.CapturedSteps.__init__) or "host_free=mode.host_free" in _code(build._build)
     assert _code(rollout._read).count("bool(") == 1 and "isfinite(x.sum())" in _code(rollout._read_finite)
 
 

@@ -12,8 +12,8 @@ from phalanx.cli import main
 from phalanx.config import resolve
 from phalanx.envs import make
 from phalanx.errors import ConfigError
-from phalanx.graphs import capture
 from phalanx.models.registry import build_model
+from phalanx.rollout import StepMode
 from phalanx.trainer import Trainer
 
 TINY = dict(env="pixel_goal", num_envs=4, num_steps=8, num_epochs=1, num_minibatches=2, cnn_channels=[4, 8, 8],
@@ -122,9 +122,8 @@ def test_frames_stored_once_rebuild_the_observations_bit_for_bit(tmp_path, captu
         assert restarts >= 4 * 3 and rebuilt.dtype == torch.uint8
         assert torch.equal(observed, rebuilt)
         if captured:  # the same draws replayed in the captured step (its env cannot be watched from inside)
-            c = Trainer(resolve(dict(cfg, run_dir=str(tmp_path / "c"))))
+            c = Trainer(resolve(dict(cfg, run_dir=str(tmp_path / "c"))), step_mode=StepMode(compiled=True, backend="aot_eager"))
             try:
-                capture(c.run.rollout, backend="aot_eager")
                 c.collect()
                 c.collect()
                 adv, ret, trained = c.run.buffer.advantages(c.run.rollout.acts_after(), c.gae)

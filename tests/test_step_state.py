@@ -20,7 +20,8 @@ import phalanx
 from phalanx.config import resolve
 from phalanx.draws import Draws
 from phalanx.envs import make, registry
-from phalanx.graphs import CapturedSteps, fold, folded_step, own_memory, own_step_state, static_step
+from phalanx.graphs import CapturedSteps, fold, folded_step, own_memory, own_step_state
+from phalanx.rollout import StepMode
 from phalanx.run_state import step_state
 from phalanx.slots import random_actions
 from phalanx.trainer import Trainer
@@ -76,10 +77,9 @@ def _reachable(root: object) -> dict[int, str]:
 
 def _trainer(tmp_path: Path, name: str, case: dict) -> Trainer:
     extra = LEAGUE if case["env"] == "duel" else {}
-    t = Trainer(resolve(dict(case, **extra, num_envs=4, num_steps=8, num_minibatches=2, progress=False,
-                             tensorboard=False, run_dir=str(tmp_path / name))))
-    static_step(t.run.rollout)  # the path a graph records: no host reads, every league player over every env
-    return t
+    # The path a graph records, run eagerly: no host reads, every league player over every env.
+    return Trainer(resolve(dict(case, **extra, num_envs=4, num_steps=8, num_minibatches=2, progress=False,
+                                tensorboard=False, run_dir=str(tmp_path / name))), step_mode=StepMode(static=True))
 
 
 def _fold_every_step(t: Trainer) -> list[str]:

@@ -37,7 +37,7 @@ from phalanx.models.protocol import ActorCritic
 from phalanx.models.registry import build_model, check_model
 from phalanx.policy import Policy, build_normalizers
 from phalanx.profile import PhaseTimer
-from phalanx.rollout import Rollout
+from phalanx.rollout import Rollout, StepMode
 from phalanx.slots import Teammates, opponent_slots, parse_teammates
 
 PROBE_ENVS = 4  # envs of the copy an env is checked and measured on before the full one is built
@@ -72,13 +72,15 @@ class Run:
     update_slots: torch.Tensor | None  # the slots the update trains where it may leave the others out
 
 
-def build_run(cfg: Config, run_dir: Path | None, resume: bool, dist: Dist, overwrite: bool = False) -> Run:
+def build_run(cfg: Config, run_dir: Path | None, resume: bool, dist: Dist, overwrite: bool = False,
+              step_mode: StepMode | None = None) -> Run:
     """Every part of a run of `cfg` in `run_dir` (None: `cfg.run_dir`, else a new name), in the order that refuses a
     config before anything is left behind; whatever was built is released if a part refuses. `overwrite`: an
-    earlier run's entries in `run_dir` are deleted once the run is built and holds the directory's lock."""
+    earlier run's entries in `run_dir` are deleted once the run is built and holds the directory's lock. `step_mode`:
+    how the rollout runs its steps (None: as --compile and --cuda-graphs say; tests give another backend)."""
     parts: dict = {}
     try:
-        return _build(cfg, run_dir, resume, dist, parts, overwrite)
+        return _build(cfg, run_dir, resume, dist, parts, overwrite, step_mode)
     except BaseException:
         if parts.get("env") is not None:
             parts["env"].close()
@@ -87,7 +89,8 @@ def build_run(cfg: Config, run_dir: Path | None, resume: bool, dist: Dist, overw
         raise
 
 
-def _build(cfg: Config, run_dir: Path | None, resume: bool, dist: Dist, parts: dict, overwrite: bool) -> Run:
+def _build(cfg: Config, run_dir: Path | None, resume: bool, dist: Dist, parts: dict, overwrite: bool,
+           step_mode: StepMode | None) -> Run:
     devices.require_torch("Phalanx", devices.TORCH_FLOOR)
     if cfg.compile:
         devices.require_torch("config key 'compile'", devices.COMPILE_FLOOR)
@@ -155,12 +158,17 @@ def _build(cfg: Config, run_dir: Path | None, resume: bool, dist: Dist, parts: d
     gen.manual_seed(env_seed + 1_000_003)
     teammates = Teammates(slots, env, device) if any(slots) else None
     learner = torch.tensor([s == "" for s in slots], device=device)
+    if cfg.cuda_graphs and dist.enabled:
+        raise ConfigError("config key 'cuda_graphs' is not supported with torchrun yet (gradients are averaged "
+                          "between ranks inside the step); train without it")
+    mode = step_mode or graphs.step_mode(cfg.compile, cfg.cuda_graphs, env, device)
     league = None
     if cfg.opponents:
         learner = ~opponent_slots(A, device)
         if wants_swapped_sides(cfg.seats, env):
             env = parts["env"] = SwappedSides(env)
-        league = League(cfg, env, run_dir, Policy(model, norms.obs, cfg, env.observation_space, env.action_space), gen)
+        league = League(cfg, env, run_dir, Policy(model, norms.obs, cfg, env.observation_space, env.action_space), gen,
+                        host_free=mode.host_free)
     # A model that treats every slot alike lets the update leave out the slots it does not train
     # (scripted teammates, league opponents), whose loss terms are masked to zero anyway: half of
     # every update in a 1v1 league.
@@ -169,8 +177,11 @@ def _build(cfg: Config, run_dir: Path | None, resume: bool, dist: Dist, parts: d
     timer = PhaseTimer(device)
     # Sized before the env was built (budget.run_bytes, checked above).
     buffer = RolloutBuffer(cfg, env, model)
-    rollout = Rollout(cfg, env, model, buffer, norms, learner, gen, None if model.recurrent else model.act_value, amp,
-                      timer, teammates, league, seed=env_seed)
+    act_value = None if model.recurrent else model.act_value
+    if cfg.compile and not mode.compiled and act_value is not None:  # the env's step is not capturable: the policy alone
+        act_value = torch.compile(act_value, dynamic=False)
+    rollout = Rollout(cfg, env, model, buffer, norms, learner, gen, act_value, amp, timer, teammates, league,
+                      seed=env_seed, mode=mode, steps=graphs.CapturedSteps if mode.captured else None)
     evaluate = BatchEvaluator(model, amp, buffer)
     hp = params_of(PPOParams, cfg)
     if not cfg.update_chunks:
@@ -179,16 +190,9 @@ def _build(cfg: Config, run_dir: Path | None, resume: bool, dist: Dist, parts: d
     step = minibatch_step(evaluate, optimizer, hp, sync_grads=dist.average_grads if dist.enabled else None)
     if cfg.compile:
         # Shapes are fixed for the whole run (num_envs, minibatch sizes), so each compiles once (twice
-        # where a remainder makes two minibatch sizes); the update step and, where the env allows,
-        # the rollout step are captured whole.
-        graphs.compile_rollout(rollout)
+        # where a remainder makes two minibatch sizes); the rollout step is captured by its mode (above).
         step = compile_step(step, dynamic=False)
     if cfg.cuda_graphs:
-        graphs.check_graphs(device)
-        if dist.enabled:
-            raise ConfigError("config key 'cuda_graphs' is not supported with torchrun yet (gradients are averaged "
-                              "between ranks inside the step); train without it")
-        graphs.use_cuda_graphs(rollout)
         step = GraphedStep(step, device)
     # Validated: now the run takes its seeds and its directory.
     torch.manual_seed(cfg.seed)

@@ -1,6 +1,7 @@
 """The rollout step and the minibatch update step, captured: under --compile the rollout step is compiled
-whole (`capture`); under --cuda-graphs each is recorded once as a CUDA graph and replayed, so each costs one
-launch instead of hundreds of small ones (`CapturedSteps` for the rollout, `GraphedStep` for the update).
+whole; under --cuda-graphs each is recorded once as a CUDA graph and replayed, so each costs one launch instead
+of hundreds of small ones (`CapturedSteps` runs the rollout's steps in the mode it was built with, `step_mode`;
+`GraphedStep` the update's).
 
 A graph replays the kernels of one recorded call on the same memory. An eager step becomes
 replayable when (1) what it reads arrives at fixed addresses: the caller copies fresh inputs (the
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -26,8 +26,9 @@ import torch
 
 from phalanx.algo.ppo import PPOBatch
 from phalanx.checkpoint import section
+from phalanx.envs.base import VecEnv
 from phalanx.errors import ConfigError
-from phalanx.rollout import UNSET_STATS, Rollout, Steps
+from phalanx.rollout import UNSET_STATS, Rollout, StepMode, Steps
 from phalanx.run_state import load_step_state, step_state
 
 
@@ -145,66 +146,20 @@ class GraphedStep:
 
 
 # -- the rollout step, captured -------------------------------------------------------------------
-def static_step(rollout: Rollout) -> None:
-    """The step a graph takes: no host reads, no shape that depends on values. The critic runs over every
-    final observation (selecting the truncated rows is a host read), no quiet-step shortcut, and the
-    league runs every player over every env."""
-    rollout.final_values_whole_batch = True
-    rollout.host_branches = False
-    if rollout.league is not None:
-        rollout.league.select_rows = False
-
-
-def compile_rollout(rollout: Rollout, backend: str = "inductor") -> None:
-    """--compile: the whole step captured where the env is capturable (`capture`), else the policy's act_value
-    compiled alone."""
-    if rollout.env.capturable:
-        capture(rollout, backend)
-    elif rollout.act_value is not None:
-        rollout.act_value = torch.compile(rollout.act_value, dynamic=False, backend=backend)
-
-
-def capture(rollout: Rollout, backend: str = "inductor") -> None:
-    """Compile the rollout step whole (torch.compile fullgraph: a graph break raises), for an env that declares
-    itself capturable (every model, teammates and league opponents included: they draw through `draws`, write
-    memory in place, and a captured league runs every player of its fixed layout). Its first call runs eagerly
-    and notes the random draws a step makes; later calls replay them in the graph."""
-    if not rollout.env.capturable:
-        raise ValueError("this rollout step cannot be captured whole (its env does not declare capturable = True)")
-    static_step(rollout)
-    if rollout.device.type == "cpu":
-        # ... except on the CPU, where reading which slots were truncated is free: V(final_obs) runs after
-        # each captured step, over the envs truncated at it, as the eager step calls the critic. The same
-        # rows per call give the same bits (the CPU's matrix products round by row count: valuing every
-        # step's truncated rows in one call after the loop put bootstraps 1e-6 from eager's). In the step,
-        # over every env, it was a second transformer forward a step on trial_nav and a fifth of a
-        # compiled 4096-env cartpole collect.
-        rollout.final_values_whole_batch, rollout.finals_after_step = False, True
-    steps = _captured_steps(rollout)
-    steps.t_index = [torch.tensor([t], device=rollout.device) for t in range(rollout.cfg.num_steps)]
-    steps.captured = torch.compile(rollout.step, fullgraph=True, dynamic=False, backend=backend)
-    steps.planned = False
-
-
-def use_cuda_graphs(rollout: Rollout) -> None:
-    """--cuda-graphs: after one eager step that notes the random draws and two warm-up steps, one step
-    is recorded as a CUDA graph and every later step replays it."""
-    if not rollout.env.capturable:
-        raise ConfigError("config key 'cuda_graphs' needs an env that declares capturable = True")
-    check_graphs(rollout.device)
-    try:
-        rollout.env.step_state()
-    except NotImplementedError:
-        raise ConfigError(f"config key 'cuda_graphs' needs an env that names its step state (step_state and "
-                          f"load_step_state, docs/ENVIRONMENTS.md); env '{rollout.env.name}' does not") from None
-    static_step(rollout)
-    _captured_steps(rollout).graphed = True
-
-
-def _captured_steps(rollout: Rollout) -> CapturedSteps:
-    if not isinstance(rollout.steps, CapturedSteps):
-        rollout.steps = CapturedSteps(rollout)
-    return rollout.steps
+def step_mode(compile: bool, cuda_graphs: bool, env: VecEnv, device: torch.device, backend: str = "inductor") -> StepMode:
+    """The rollout's step mode for --compile and --cuda-graphs on `env` (refused in one line where the device or the
+    env cannot have it): `compile` captures the whole step where the env declares itself capturable (else build.py
+    compiles the policy's act_value alone); `cuda_graphs` records a step as a CUDA graph and replays it."""
+    if cuda_graphs:
+        check_graphs(device)
+        if not env.capturable:
+            raise ConfigError("config key 'cuda_graphs' needs an env that declares capturable = True")
+        try:
+            env.step_state()
+        except NotImplementedError:
+            raise ConfigError(f"config key 'cuda_graphs' needs an env that names its step state (step_state and "
+                              f"load_step_state, docs/ENVIRONMENTS.md); env '{env.name}' does not") from None
+    return StepMode(compiled=compile and env.capturable, graphed=cuda_graphs, backend=backend)
 
 
 class CapturedSteps(Steps):
@@ -214,10 +169,19 @@ class CapturedSteps(Steps):
 
     def __init__(self, rollout: Rollout):
         super().__init__(rollout)
-        self.captured: Callable | None = None
-        self.t_index: list[torch.Tensor] = []
+        mode = rollout.mode
+        if not rollout.env.capturable:
+            raise ValueError("this rollout step cannot be captured whole (its env does not declare capturable = True)")
+        # --compile: the whole step (torch.compile fullgraph: a graph break raises), every model, teammates and league
+        # opponents included: they draw through `draws`, write memory in place, and a captured league runs every player
+        # of its fixed layout. Its first call runs eagerly and notes the random draws a step makes; later calls
+        # replay them in the graph.
+        self.captured: Callable | None = (torch.compile(rollout.step, fullgraph=True, dynamic=False, backend=mode.backend)
+                                          if mode.compiled else None)
+        # A [1] index per row: one graph serves every row of the buffer.
+        self.t_index: list[torch.Tensor] = [torch.tensor([t], device=rollout.device) for t in range(rollout.cfg.num_steps)]
         self.planned = False  # the plan of draws a step makes is noted (`note_draws`)
-        self.graphed = False
+        self.graphed = mode.graphed  # --cuda-graphs: after one eager step that notes the draws and two warm-up steps
         self.graph: torch.cuda.CUDAGraph | None = None
         self.warm_steps = 0
         self.stats: dict[str, torch.Tensor] | None = None  # what a recorded graph adds into
@@ -279,8 +243,7 @@ class CapturedSteps(Steps):
             self.note_draws(t, obs_n, stats)
         with self.draw_contexts("ahead"):
             obs_n = self.captured(self.t_index[t], obs_n, stats)
-        if r.finals_after_step:
-            r.buffer.bootstrap_step(t, functools.partial(r.final_values, r.record))
+        r.bootstrap_after(t)
         return obs_n
 
     def _graph_step(self, t: int, obs_n: torch.Tensor, stats: dict[str, torch.Tensor]) -> torch.Tensor:

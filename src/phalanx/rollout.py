@@ -10,6 +10,7 @@ and for a checkpoint, is run_state.py's.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -47,6 +48,28 @@ def _read_finite(x: torch.Tensor) -> bool:
 UNSET_STATS = ("env_first_bad_step", "mask_missing_step", "mask_empty_step", "mask_empty_where")
 
 
+@dataclasses.dataclass(frozen=True)
+class StepMode:
+    """How a rollout runs its steps, fixed when it is built (build.py, from --compile and --cuda-graphs): eagerly,
+    `compiled` whole by torch.compile (with `backend`), `graphed` (recorded once as a CUDA graph, then replayed), or
+    both. A captured step reads nothing on the host and keeps its shapes; `static` asks that of an eager step too
+    (what a graph records, run where none can be: tests)."""
+
+    compiled: bool = False
+    graphed: bool = False
+    backend: str = "inductor"
+    static: bool = False
+
+    @property
+    def captured(self) -> bool:
+        return self.compiled or self.graphed
+
+    @property
+    def host_free(self) -> bool:
+        """The step may not read the host: no branch on what it computed, no shape that depends on values."""
+        return self.captured or self.static
+
+
 class Rollout:
     """Collects `num_steps` of every env on the device; reads nothing back to the host (on CPU, the
     rows truncated at a step are selected, which costs nothing there)."""
@@ -54,7 +77,8 @@ class Rollout:
     def __init__(self, cfg: Config, env: VecEnv, model: ActorCritic, buffer: RolloutBuffer, norms: Normalizers, learner: torch.Tensor,
                  generator: torch.Generator, act_value: ActValueFn | None, amp: Callable[[], AbstractContextManager],
                  timer: PhaseTimer, teammates: Teammates | None = None, league: League | None = None,
-                 seed: int | None = None):
+                 seed: int | None = None, mode: StepMode = StepMode(),
+                 steps: Callable[[Rollout], Steps] | None = None):
         self.cfg, self.env, self.model, self.norms, self.learner = cfg, env, model, norms, learner
         self.gen, self.act_value, self.amp, self.timer = generator, act_value, amp, timer
         self.teammates, self.league = teammates, league
@@ -80,12 +104,20 @@ class Rollout:
         self.memory = model.initial_state(self.N * self.A, self.device)
         # The model's input after the last step (what `value_after` values).
         self.next_obs: torch.Tensor | None = None
-        # Which envs' final observations go through the critic: only the truncated ones (CPU, where
-        # reading which they are costs nothing) or all of them (accelerators: no host sync). Same values.
-        self.final_values_whole_batch = self.device.type != "cpu"
+        self.mode = mode
+        cpu = self.device.type == "cpu"
+        # A step compiled for the CPU leaves V(final_obs) to `bootstrap_after`, run after it over the envs truncated at
+        # it, as the eager step calls the critic: reading which they are is free there, and the same rows per call
+        # give the same bits (the CPU's matrix products round by row count: one call over a rollout's truncated rows
+        # after the loop put bootstraps 1e-6 from eager's). In the step, over every env, it was a second transformer
+        # forward a step on trial_nav and a fifth of a compiled 4,096-env cartpole collect.
+        self.finals_after_step = mode.compiled and not mode.graphed and cpu
+        # Which envs' final observations go through the critic in the step: only the truncated ones (the CPU, where
+        # reading which they are costs nothing) or all of them (accelerators, a graph: no host sync). Same values.
+        self.final_values_whole_batch = not cpu or (mode.host_free and not self.finals_after_step)
         # On the CPU a step may branch on what it computed (reading a value is free there): quiet steps, where
         # no episode ended and every number is finite, skip their bookkeeping. Not in a captured step.
-        self.host_branches = self.device.type == "cpu"
+        self.host_branches = cpu and not mode.host_free
         # Sampling draws from `generator` through `draws`, so a captured step can replay them.
         self.draws, self.env_draws = Draws(generator), env.rng
         # Every source of draws a step makes: sampling, and the env where it draws through Draws.
@@ -95,9 +127,8 @@ class Rollout:
         self._no_value = torch.zeros(self.N, self.A, device=self.device)
         # Who acts after a quiet step (StepRecord.quiet: every slot active): the learner's slots, every env.
         self._learner_rows = learner.expand(self.N, self.A)
-        # How `collect` runs its steps: one eager `step` after another, or captured (graphs.CapturedSteps).
-        self.steps = Steps(self)
-        self.finals_after_step = False  # a captured CPU step leaves V(final_obs) to graphs.CapturedSteps
+        # How `collect` runs its steps: one eager `step` after another, or captured (`steps`: graphs.CapturedSteps).
+        self.steps = (steps or Steps)(self)
 
     # -- observations and values -----------------------------------------------------------------
     def obs_in(self, obs: torch.Tensor, fold: torch.Tensor | None = None) -> torch.Tensor:
@@ -171,6 +202,12 @@ class Rollout:
         self.next_obs = obs_n
         return stats
 
+    def bootstrap_after(self, t: int) -> None:
+        """Step t's bootstrap where a slot was truncated, once the step is done: the step itself leaves it out where
+        `finals_after_step` (a step compiled for the CPU), and the buffer fills in the rest after the loop."""
+        if self.finals_after_step:
+            self.buffer.bootstrap_step(t, functools.partial(self.final_values, self.record))
+
     def new_stats(self) -> dict[str, torch.Tensor]:
         """A collect's episode statistics, zero (`UNSET_STATS` -1: none yet)."""
         zero = lambda: torch.zeros((), device=self.device)  # noqa: E731
@@ -188,7 +225,7 @@ class Rollout:
 
     def step(self, t: int | torch.Tensor, obs_n: torch.Tensor, stats: dict[str, torch.Tensor]) -> torch.Tensor:
         """One step of every env: act (and value what is acted on), step the envs, write buffers at row `t`,
-        count episodes; -> the next observation, model-ready. Captured whole by graphs.capture (then `t` is a
+        count episodes; -> the next observation, model-ready. Captured whole by graphs.CapturedSteps (then `t` is a
         [1] index tensor, so one graph serves every row)."""
         rec, cfg, model = self.record, self.cfg, self.model
         learner, counters = self.learner, self.counters
@@ -225,7 +262,7 @@ class Rollout:
         # forward (a memory critic's act_step: same memory, no reset where the episode goes on) or one more
         # call, so always when quiet. A captured CPU step leaves it to graphs.CapturedSteps.
         if not (rec.quiet or self.finals_after_step):
-            step.bootstrap = self.final_values(rec, self._no_value)
+            step.bootstrap = self.final_values(rec, self._no_value)  # else `bootstrap_after`, or after the loop
         self.prev_done = done
         # After a quiet record every slot acted.
         counters.add(reward, None if prev_quiet else prev_active, idle_rewards=self.turn_based)
@@ -338,7 +375,9 @@ class Steps:
         return self.rollout.new_stats()
 
     def __call__(self, t: int, obs_n: torch.Tensor, stats: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.rollout.step(t, obs_n, stats)
+        out = self.rollout.step(t, obs_n, stats)
+        self.rollout.bootstrap_after(t)
+        return out
 
     def forget(self) -> None:
         """The rollout's step state was replaced (a restore): nothing recorded may read the old tensors."""

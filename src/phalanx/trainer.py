@@ -29,6 +29,7 @@ from phalanx.errors import ConfigError, EnvContractError, NonFiniteEnvError, Non
 from phalanx.evaluate import evaluate_policy
 from phalanx.logs import Progress, RunLog, grad_clip_hint, summary_row, value_clip_hint
 from phalanx.policy import Policy
+from phalanx.rollout import StepMode
 
 HISTORY_ROWS = 1_000  # updates kept in memory for RunResult.history
 # Keys that may differ when resuming; everything else must match the saved run.
@@ -51,10 +52,11 @@ class Trainer:
     """One training run: the parts `build_run` makes of the config (build.Run says what each is), and PPO's loop
     over them (`collect`, `update`, `iteration`; `train` adds the log, the progress and the checkpoints)."""
 
-    def __init__(self, cfg: Config, run_dir: Path | None = None, resume: bool = False, overwrite: bool = False):
+    def __init__(self, cfg: Config, run_dir: Path | None = None, resume: bool = False, overwrite: bool = False,
+                 step_mode: StepMode | None = None):
         dist = Dist()
         try:
-            self.run = build_run(cfg, run_dir, resume, dist, overwrite)
+            self.run = build_run(cfg, run_dir, resume, dist, overwrite, step_mode)
         except BaseException:
             dist.close()
             raise

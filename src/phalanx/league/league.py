@@ -167,14 +167,15 @@ class League:
     rollout step, which runs every player over every env and keeps each env's own, reads the same
     tensors for the whole run."""
 
-    def __init__(self, cfg: Any, env: Any, run_dir: Path, learner_policy: Any, generator: torch.Generator):
+    def __init__(self, cfg: Any, env: Any, run_dir: Path, learner_policy: Any, generator: torch.Generator,
+                 host_free: bool = False):
         self.cfg, self.env, self.run_dir = cfg, env, Path(run_dir)
         self.device, self.N = env.device, env.num_envs
         self.slots = opponent_slots(env.num_agents, env.device)
         self.slot_index = self.slots.nonzero().squeeze(1)
         # An eager CPU step runs the players in use, each over its own envs' rows (free there); elsewhere
-        # (accelerators, a captured step: no host reads) every player of the layout runs over every env.
-        self.select_rows = torch.device(env.device).type == "cpu"
+        # (accelerators, a captured step: `host_free`, no host reads) every player of the layout runs over every env.
+        self.select_rows = torch.device(env.device).type == "cpu" and not host_free
         self.mix = dict(parse_mix(cfg.opponents, env.scripted_names))
         self.pool_sampling = pool_sampling(cfg.pool_sampling)
         self.learner_policy = learner_policy
