@@ -7,6 +7,10 @@ quarter budget, 1000 at the full one), and writes a Markdown table (and JSON) wi
     for r in runs/bucket_study/runs/*; do phalanx eval $r --episodes 200 \\
         --vs firefighter,free_rider,hero,coordinator,liar,random --json > $r/eval_vs.json; done
     python bench/bucket_study.py runs/bucket_study --out bench/results/bucket_study.md
+    python bench/bucket_study.py runs/bucket_study --pack STUDY/runs.jsonl.gz   # to keep, as bench/results/bucket_study_full/
+
+A study is kept packed (`--pack`): one gzipped JSON line per run, its name and its files (config.json and every
+evaluation), read back as the folder was (`python bench/bucket_study.py PACK.jsonl.gz --out ...`).
 
 Intervals: a scripted team's is the normal 95% interval of its mean episode return over the N
 episodes; the learned teams' is a 95% stratified bootstrap over seeds x episodes (each seed's episodes
@@ -17,6 +21,7 @@ the seed-to-seed and the episode-to-episode spread count.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 from pathlib import Path
@@ -28,12 +33,33 @@ from phalanx.zoo.bucket_brigade import SCENARIOS
 TEAMS = ("firefighter", "free_rider", "hero", "coordinator", "liar", "random")
 
 
+def runs(root: Path) -> list[dict]:
+    """Every run of a study: {"name", and each of its JSON files by file name}, from a folder of run directories
+    (any depth: the directories holding a config.json) or from a pack that `pack` wrote."""
+    if root.is_file():
+        with gzip.open(root, "rt") as f:
+            return [json.loads(line) for line in f]
+    out = []
+    for cfg in sorted(root.rglob("config.json")):
+        out.append({"name": cfg.parent.name, **{p.name: json.loads(p.read_text()) for p in sorted(cfg.parent.glob("*.json"))}})
+    return out
+
+
+def pack(root: Path, out: Path) -> None:
+    """The runs of `root` as one gzipped JSON line each (byte for byte the same for the same runs: no timestamp)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=9, mtime=0) as f:
+        for run in runs(root):
+            f.write((json.dumps(run, separators=(",", ":")) + "\n").encode())
+
+
 def load(root: Path, evals: str = "eval_vs.json") -> dict[str, list[dict]]:
-    """scenario -> the evaluation file `evals` of each seed's run (scenarios in the env's order)."""
+    """scenario -> the evaluation `evals` of each seed's run (scenarios in the env's order), from `runs(root)`."""
     out: dict[str, list[dict]] = {name: [] for name in SCENARIOS}
-    for ev in sorted(root.rglob(evals)):
-        cfg = json.loads((ev.parent / "config.json").read_text())
-        data = json.loads(ev.read_text())
+    for run in runs(root):
+        if evals not in run:
+            continue
+        cfg, data = run["config.json"], run[evals]
         data["seed"] = cfg["seed"]
         out[cfg["env_options"].get("scenario", "default")].append(data)
     return {k: sorted(v, key=lambda r: r["seed"]) for k, v in out.items() if v}
@@ -79,10 +105,14 @@ def table(data: dict[str, list[dict]]) -> tuple[str, list[dict]]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("root", type=Path, help="a folder holding the study's run directories")
+    p.add_argument("root", type=Path, help="a folder holding the study's run directories, or a pack (--pack)")
     p.add_argument("--out", type=Path, default=None, help="Markdown file to write (a .json beside it)")
     p.add_argument("--evals", default="eval_vs.json", help="the name of each run's evaluation file [eval_vs.json]")
+    p.add_argument("--pack", type=Path, default=None, help="write the runs as one gzipped JSONL file (to keep) and stop")
     args = p.parse_args()
+    if args.pack:
+        pack(args.root, args.pack)
+        return
     md, rows = table(load(args.root, args.evals))
     print(md)
     if args.out:
