@@ -6,11 +6,11 @@ quarter budget, 1000 at the full one), and writes a Markdown table (and JSON) wi
     phalanx sweep bench/bucket_study.yaml --dir runs/bucket_study --workers 2
     for r in runs/bucket_study/runs/*; do phalanx eval $r --episodes 200 \\
         --vs firefighter,free_rider,hero,coordinator,liar,random --json > $r/eval_vs.json; done
-    python bench/bucket_study.py runs/bucket_study --out bench/results/bucket_study.md
-    python bench/bucket_study.py runs/bucket_study --pack STUDY/runs.jsonl.gz   # to keep, as bench/results/bucket_study_full/
+    python -m bench.bucket_study runs/bucket_study --out bench/results/bucket_study.md
+    python -m bench.bucket_study runs/bucket_study --pack STUDY/runs.jsonl.gz   # to keep, as bench/results/bucket_study_full/
 
-A study is kept packed (`--pack`): one gzipped JSON line per run, its name and its files (config.json and every
-evaluation), read back as the folder was (`python bench/bucket_study.py PACK.jsonl.gz --out ...`).
+A study is kept packed (`--pack`, bench/packs.py): one gzipped JSON line per run, its name and its files (config.json and
+every evaluation), read back as the folder was (`python -m bench.bucket_study PACK.jsonl.gz --out ...`).
 
 Intervals: a scripted team's is the normal 95% interval of its mean episode return over the N
 episodes; the learned teams' is a 95% stratified bootstrap over seeds x episodes (each seed's episodes
@@ -21,42 +21,22 @@ the seed-to-seed and the episode-to-episode spread count.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import math
 from pathlib import Path
 
 import numpy as np
 
+from bench import packs
 from phalanx.zoo.bucket_brigade import SCENARIOS
 
 TEAMS = ("firefighter", "free_rider", "hero", "coordinator", "liar", "random")
 
 
-def runs(root: Path) -> list[dict]:
-    """Every run of a study: {"name", and each of its JSON files by file name}, from a folder of run directories
-    (any depth: the directories holding a config.json) or from a pack that `pack` wrote."""
-    if root.is_file():
-        with gzip.open(root, "rt") as f:
-            return [json.loads(line) for line in f]
-    out = []
-    for cfg in sorted(root.rglob("config.json")):
-        out.append({"name": cfg.parent.name, **{p.name: json.loads(p.read_text()) for p in sorted(cfg.parent.glob("*.json"))}})
-    return out
-
-
-def pack(root: Path, out: Path) -> None:
-    """The runs of `root` as one gzipped JSON line each (byte for byte the same for the same runs: no timestamp)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=9, mtime=0) as f:
-        for run in runs(root):
-            f.write((json.dumps(run, separators=(",", ":")) + "\n").encode())
-
-
 def load(root: Path, evals: str = "eval_vs.json") -> dict[str, list[dict]]:
-    """scenario -> the evaluation `evals` of each seed's run (scenarios in the env's order), from `runs(root)`."""
+    """scenario -> the evaluation `evals` of each seed's run (scenarios in the env's order), from `packs.runs(root)`."""
     out: dict[str, list[dict]] = {name: [] for name in SCENARIOS}
-    for run in runs(root):
+    for run in packs.runs(root):
         if evals not in run:
             continue
         cfg, data = run["config.json"], run[evals]
@@ -111,7 +91,7 @@ def main() -> None:
     p.add_argument("--pack", type=Path, default=None, help="write the runs as one gzipped JSONL file (to keep) and stop")
     args = p.parse_args()
     if args.pack:
-        pack(args.root, args.pack)
+        packs.pack(args.root, args.pack)
         return
     md, rows = table(load(args.root, args.evals))
     print(md)

@@ -18,6 +18,7 @@ plus the first update's own length, on the machine named in the table's caption)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bench import packs
 from bench.games.tictactoe import against_every_perfect_line
 from phalanx.policy import load
 
@@ -140,7 +142,8 @@ def table(runs: list[Path], episodes: int, threads: int) -> tuple[str, dict]:
     data: dict = {"env": env, "env_options": trained_on, "seeds": seeds, "runs": [str(r) for r in runs], "training_seconds": secs,
                   "training_illegal_moves": illegal,
                   "total_steps": steps, "episodes": episodes, "rows": []}
-    for opponent in PLAYERS[env]:
+    # The game's players every run was evaluated against: a study kept from before a player was added remakes as made.
+    for opponent in (p for p in PLAYERS[env] if all(p in e["vs"] for e in evals)):
         for seat in SEATS:
             counts = [(e["vs"][opponent][seat]["wins"], e["vs"][opponent][seat]["draws"], e["vs"][opponent][seat]["losses"])
                       for e in evals]
@@ -156,7 +159,7 @@ def table(runs: list[Path], episodes: int, threads: int) -> tuple[str, dict]:
         walks = [every_line(r) for r in runs]
         data["every_perfect_line"] = walks
         walked = [w for w in walks if w is not None]
-        for seat in SEATS:
+        for seat in SEATS if walked else ():  # no row where no run was walked (kept without checkpoints or walks)
             total = [sum(w[seat][k] for w in walked) for k in ("wins", "draws", "losses")]
             lines.append(f"| every perfect line | {seat} | {total[0]} / {total[1]} / {total[2]} lines | "
                          f"{', '.join('-' if w is None else str(w[seat]['losses']) for w in walks)} | exhaustive"
@@ -166,12 +169,24 @@ def table(runs: list[Path], episodes: int, threads: int) -> tuple[str, dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("runs", nargs="+", type=Path, help="run directories of one game (one per seed)")
+    ap.add_argument("runs", nargs="+", type=Path, help="run directories of one game (one per seed), or a pack of them "
+                                                       "(bench/packs.py: NAME.jsonl.gz)")
     ap.add_argument("--episodes", type=int, default=500, help="greedy games per seed, seat and opponent")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of each evaluation")
     ap.add_argument("--out", type=Path, help="write OUT.md and OUT.json (else print the table)")
     args = ap.parse_args()
-    md, data = table(sorted(args.runs), args.episodes, args.threads)
+    with contextlib.ExitStack() as stack:
+        runs, names = [], []
+        for given in sorted(args.runs):
+            if packs.is_pack(given):
+                kept = stack.enter_context(packs.unpacked(given))
+                runs += kept
+                names += [f"{given}:{r.name}" for r in kept]
+            else:
+                runs.append(given)
+                names.append(str(given))
+        md, data = table(runs, args.episodes, args.threads)
+    data["runs"] = names
     if args.out is None:
         print(md, end="")
         return
