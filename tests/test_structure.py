@@ -329,3 +329,28 @@ def test_the_layout_check_sees_an_upward_import(monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "_layout_entries", lambda: swapped)
     with pytest.raises(AssertionError, match="phalanx.checkpoint imports phalanx.runs"):
         test_layout_lists_every_module_in_the_order_imports_flow()
+
+
+def test_model_constructors_default_to_the_schemas_values():
+    """A model built directly (tests, notebooks) has the sizes a run of the default config builds: its constructor's
+    defaults are config.default(key), one source (issue 64: they repeated about ten of the schema's literals)."""
+    import inspect
+
+    from phalanx.config import default
+    from phalanx.models import board, cnn, memory, mlp, role_attention, strategy
+
+    tied = {board.BoardActorCritic: {"channels": "board_channels", "blocks": "board_blocks", "init_log_std": "init_log_std"},
+            cnn.CNNActorCritic: {"channels": "cnn_channels", "out_dim": "cnn_dense", "init_log_std": "init_log_std"},
+            mlp.MLPActorCritic: {"hidden": "hidden_sizes", "activation": "activation", "init_log_std": "init_log_std"},
+            role_attention.RoleAttentionActorCritic: {"width": "tf_width", "hidden_sizes": "hidden_sizes",
+                                                      "relay_floor": "relay_floor", "temperature": "attn_temperature"},
+            strategy.StrategyActorCritic: {"hidden": "lstm_hidden", "width": "tf_width", "layers": "tf_layers",
+                                           "heads": "tf_heads", "history": "strategy_history"},
+            memory.TransformerActorCritic: {"width": "tf_width", "layers": "tf_layers", "heads": "tf_heads",
+                                            "horizon": "tf_horizon"}}
+    for cls, params in tied.items():
+        signature = inspect.signature(cls.__init__).parameters
+        for param, key in params.items():
+            assert signature[param].default == default(key), (cls.__name__, param, key)
+    source = "".join(inspect.getsource(m) for m in (board, cnn, mlp, role_attention, strategy, memory))
+    assert source.count('default("') >= 25

@@ -203,6 +203,14 @@ FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 _HINTS = typing.get_type_hints(Config)
 
 
+def default(key: str) -> Any:
+    """The schema's default of config key `key`, a list as a tuple: what a model's constructor defaults to where it
+    takes a key's value (one source of each default; models/registry.py passes the run's values)."""
+    f = FIELDS[key]
+    value = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+    return tuple(value) if isinstance(value, list) else value
+
+
 def describe_keys() -> list[tuple[str, str, Any, str]]:
     """(key, type name, default, help) for every config key; the help lists a key's allowed values."""
     out = []

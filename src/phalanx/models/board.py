@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from phalanx.config import default
 from phalanx.draws import Source
 from phalanx.envs.spaces import Space
 from phalanx.models.layers import layer_init
@@ -64,8 +65,8 @@ class BoardActorCritic(nn.Module):
         self,
         obs_shape: tuple[int, int, int],
         action_space: Space,
-        channels: int = 32,
-        blocks: int = 2,
+        channels: int = default("board_channels"),
+        blocks: int = default("board_blocks"),
         value_hidden: int = 64,
         num_agents: int = 1,
         agent_id: bool = False,
@@ -73,7 +74,7 @@ class BoardActorCritic(nn.Module):
         afterstates: Callable[[torch.Tensor], torch.Tensor] | None = None,
         move_outcomes: Callable[[torch.Tensor], torch.Tensor] | None = None,
         play_outcomes: Callable[[torch.Tensor], torch.Tensor] | None = None,
-        init_log_std: float = 0.0,
+        init_log_std: float = default("init_log_std"),
     ):
         super().__init__()
         if len(obs_shape) != 3:

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from phalanx.config import default
 from phalanx.draws import Source
 from phalanx.envs.spaces import Space
 from phalanx.model_kinds import LSTM, TRANSFORMER
@@ -48,10 +49,10 @@ class CNNEncoder(nn.Module):
     def __init__(
         self,
         in_shape: tuple[int, int, int],
-        channels: tuple[int, ...] = (32, 64, 64),
+        channels: tuple[int, ...] = default("cnn_channels"),
         kernels: tuple[int, ...] = (8, 4, 3),
         strides: tuple[int, ...] = (4, 2, 1),
-        out_dim: int = 512,
+        out_dim: int = default("cnn_dense"),
         max_value: float = 3.0,
     ):
         super().__init__()
@@ -112,15 +113,15 @@ class CNNActorCritic(nn.Module):
         self,
         obs_shape: tuple[int, int, int],
         action_space: Space,
-        channels: tuple[int, ...] = (32, 64, 64),
+        channels: tuple[int, ...] = default("cnn_channels"),
         kernels: tuple[int, ...] = (8, 4, 3),
         strides: tuple[int, ...] = (4, 2, 1),
-        out_dim: int = 512,
+        out_dim: int = default("cnn_dense"),
         hidden_sizes: tuple[int, ...] = (),
         activation: str = "relu",
         num_agents: int = 1,
         agent_id: bool = False,
-        init_log_std: float = 0.0,
+        init_log_std: float = default("init_log_std"),
         shared_encoder: bool = True,
         max_value: float = 3.0,
         state_dim: int | None = None,
@@ -223,10 +224,10 @@ class CNNMemoryActorCritic(nn.Module):
         obs_shape: tuple[int, int, int],
         action_space: Space,
         core: str | nn.Module = LSTM.name,
-        channels: tuple[int, ...] = (32, 64, 64),
+        channels: tuple[int, ...] = default("cnn_channels"),
         kernels: tuple[int, ...] = (8, 4, 3),
         strides: tuple[int, ...] = (4, 2, 1),
-        out_dim: int = 512,
+        out_dim: int = default("cnn_dense"),
         max_value: float = 3.0,
         state_dim: int | None = None,
         **core_kwargs,

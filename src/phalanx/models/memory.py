@@ -70,6 +70,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from phalanx.algo.scan import linear_scan
+from phalanx.config import default
 from phalanx.draws import Source
 from phalanx.envs.spaces import Space
 from phalanx.models.layers import ACTIVATIONS, Linear, layer_init, mlp
@@ -106,7 +107,7 @@ class MemorySettings:
     num_agents: int = 1
     agent_id: bool = False  # a one-hot agent id appended to each observation
     state_dim: int | None = None  # the global state's size: a centralized (MAPPO) critic, memoryless
-    init_log_std: float = 0.0
+    init_log_std: float = default("init_log_std")
     memory_critic: bool | None = None  # None: a value head on the memory features unless state_dim is given
     critic_hidden: tuple[int, ...] = (64, 64)  # the memoryless critic's MLP
 
@@ -282,7 +283,7 @@ class LSTMCore(nn.LSTMCell):
 class LSTMActorCritic(_MemoryActorCritic):
     """Linear + activation encoder, an LSTM cell, linear actor (and value) heads."""
 
-    def __init__(self, settings: MemorySettings, hidden: int = 128, activation: str = "tanh"):
+    def __init__(self, settings: MemorySettings, hidden: int = default("lstm_hidden"), activation: str = default("activation")):
         super().__init__(settings, hidden, activation)
         self.hidden = hidden
         self.encoder = nn.Sequential(layer_init(Linear(self.in_dim, hidden)), ACTIVATIONS[activation]())
@@ -452,8 +453,8 @@ class CausalTransformerCore(_CausalTransformer, nn.Module):
     inactive steps. Each layer's token attends to itself and the last `horizon` active tokens of its
     episode, so the output at step t depends on the last `layers * horizon` active steps."""
 
-    def __init__(self, in_dim: int, width: int = 64, layers: int = 2, heads: int = 4, horizon: int = 32,
-                 activation: str = "gelu"):
+    def __init__(self, in_dim: int, width: int = default("tf_width"), layers: int = default("tf_layers"),
+                 heads: int = default("tf_heads"), horizon: int = default("tf_horizon"), activation: str = "gelu"):
         super().__init__()
         self._build(in_dim, width, layers, heads, horizon, activation)
 
@@ -470,7 +471,7 @@ class TransformerActorCritic(_CausalTransformer, _MemoryActorCritic):
     """Causal pre-LayerNorm transformer over each slot's episode, sinusoidal positions within the
     episode, a `horizon`-token KV cache per layer; see the module docstring for the semantics."""
 
-    def __init__(self, settings: MemorySettings, width: int = 64, layers: int = 2, heads: int = 4, horizon: int = 32,
-                 activation: str = "gelu"):
+    def __init__(self, settings: MemorySettings, width: int = default("tf_width"), layers: int = default("tf_layers"),
+                 heads: int = default("tf_heads"), horizon: int = default("tf_horizon"), activation: str = "gelu"):
         super().__init__(settings, width, activation)
         self._build(self.in_dim, width, layers, heads, horizon, activation)

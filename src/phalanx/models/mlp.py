@@ -7,6 +7,7 @@ import math
 import torch
 from torch import nn
 
+from phalanx.config import default
 from phalanx.draws import Source
 from phalanx.envs.spaces import Box, Discrete, MultiDiscrete, Space
 from phalanx.models import distributions as D
@@ -154,13 +155,13 @@ class MLPActorCritic(nn.Module):
         self,
         obs_dim: int,
         action_space: Space,
-        hidden: tuple[int, ...] = (64, 64),
-        activation: str = "tanh",
+        hidden: tuple[int, ...] = default("hidden_sizes"),
+        activation: str = default("activation"),
         num_agents: int = 1,
         agent_id: bool = False,
         roles: torch.Tensor | None = None,
         state_dim: int | None = None,
-        init_log_std: float = 0.0,
+        init_log_std: float = default("init_log_std"),
         world_value: bool = False,
     ):
         super().__init__()

@@ -13,6 +13,7 @@ import math
 import torch
 from torch import nn
 
+from phalanx.config import default
 from phalanx.consts import constant
 from phalanx.draws import Source
 from phalanx.envs.spaces import Space
@@ -197,16 +198,16 @@ class RoleAttentionActorCritic(nn.Module):
         roles: torch.Tensor,
         num_roles: int,
         relay_roles: tuple[int, ...] = DEFAULT_RELAY_ROLES,
-        width: int = 64,
+        width: int = default("tf_width"),
         heads: int = 1,
-        hidden_sizes: tuple[int, ...] = (64, 64),
-        activation: str = "tanh",
+        hidden_sizes: tuple[int, ...] = default("hidden_sizes"),
+        activation: str = default("activation"),
         agent_id: bool = False,
         state_dim: int | None = None,
-        init_log_std: float = 0.0,
+        init_log_std: float = default("init_log_std"),
         masses: tuple[float, float] = DEFAULT_MASSES,
-        relay_floor: float = 0.05,
-        temperature: float = 1.0,
+        relay_floor: float = default("relay_floor"),
+        temperature: float = default("attn_temperature"),
         world_value: bool = False,
     ):
         super().__init__()

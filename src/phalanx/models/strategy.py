@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from phalanx.config import default
 from phalanx.models.layers import ACTIVATIONS, Linear, layer_init
 from phalanx.models.memory import (
     CausalTransformerCore,
@@ -67,14 +68,14 @@ class StrategyActorCritic(_MemoryActorCritic):
     def __init__(
         self,
         settings: MemorySettings,
-        hidden: int = 128,
-        width: int = 64,
-        layers: int = 2,
-        heads: int = 4,
-        history: int = 90,
+        hidden: int = default("lstm_hidden"),
+        width: int = default("tf_width"),
+        layers: int = default("tf_layers"),
+        heads: int = default("tf_heads"),
+        history: int = default("strategy_history"),
         latent_tokens: int = 4,
         opponent_features: tuple[int, int] | None = None,
-        activation: str = "tanh",
+        activation: str = default("activation"),
     ):
         obs_dim = settings.obs_dim
         start, stop = opponent_features if opponent_features is not None else (obs_dim // 2, obs_dim)
