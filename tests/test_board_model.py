@@ -231,3 +231,91 @@ def test_the_play_horizon_changes_nothing_in_training(tmp_path):
     assert phalanx.load(tmp_path / "0").model.play_outcomes is None
     assert phalanx.train({**cfg, "total_steps": 16 * 8, "run_dir": str(tmp_path / "d")}).policy.model.play_outcomes.keywords[
         "plies"] == 6
+
+
+def _open_three_position():
+    """Slot 0 to move with two in the bottom row (columns 2 and 3), both ends open, slot 1's pieces on top of them:
+    column 1 or 4 makes an open three, a double threat that wins in 3 plies whatever slot 1 does."""
+    env = make("connect_four", num_envs=1, seed=0)
+    env.reset(seed=0)
+    board = torch.zeros(1, 42, dtype=torch.long)
+    board[0, [37, 38]] = 1
+    board[0, [30, 31]] = 2
+    env.board, env.turn = board, torch.zeros(1, dtype=torch.long)
+    return env, env._observe(board), env._mask()
+
+
+def test_the_play_search_finds_a_win_that_the_net_and_two_plies_do_not_see():
+    """play_rollouts: greedy play judges the moves by games the policy plays on (models/board_search.py) and finds the
+    double threat above (a forced win 3 plies deep) from untrained nets, which play it only by chance, where the
+    outcomes read 2 plies see no difference between the moves."""
+    env, obs, mask = _open_three_position()
+    cfg = {"env": "connect_four", "model": "board", "board_channels": 8, "exact_outcomes": True, "outcome_plies": 2,
+           "play_outcome_plies": 0, "lookahead": True}
+    plain_moves, searched = set(), set()
+    for seed in range(6):
+        torch.manual_seed(seed)
+        model = build_model(resolve({**cfg, "play_rollouts": 8}), env)
+        assert model.moves(obs, mask, greedy=True)[0, 0].all()  # 2 plies: every move looks the same
+        with torch.no_grad():
+            searched.add(int(model.act(obs, greedy=True, mask=mask)[0][0, 0]))
+            model.play_rollouts = 0
+            plain_moves.add(int(model.act(obs, greedy=True, mask=mask)[0][0, 0]))
+    assert searched <= {1, 4}
+    assert plain_moves - {1, 4}  # the nets alone miss it: the search is what finds it
+
+
+def test_the_rollouts_score_a_won_move_one_and_are_a_function_of_the_position():
+    """rollout_values read directly: both moves that make the open three win every game played on; the values of a
+    board do not depend on the boards searched beside it (the noise is a hash of the position); the slot that waits
+    (more pieces than the other) is not searched."""
+    from phalanx.models.board_search import rollout_values
+
+    env, obs, mask = _open_three_position()
+    torch.manual_seed(0)
+    model = build_model(resolve({"env": "connect_four", "model": "board", "board_channels": 8, "exact_outcomes": True,
+                                 "play_rollouts": 8}), env)
+    board = obs[:, 0].float()
+    _, other = boards("connect_four", n=5, plies=6)
+    others = other.obs[:, 0].float()
+    with torch.no_grad():
+        wins = model._reading(board)[3]
+        alone = rollout_values(board, mask[:, 0], wins, model._rollout_move, model.successors, 8)
+        together = torch.cat([others, board, others])
+        values = rollout_values(together, torch.ones(11, 7, dtype=torch.bool), model._reading(together)[3],
+                                model._rollout_move, model.successors, 8)
+    assert alone[0, [1, 4]].tolist() == [1.0, 1.0]
+    assert alone[0].min() < 1.0
+    assert torch.equal(values[5], alone[0])
+    assert torch.equal(values[0], values[6])
+    waiting = obs.flip(-1)[:, :1]  # slot 1's pieces as its own: 2 against 2 ... a piece more than slot 0 below
+    waiting = waiting.clone()
+    waiting[0, 0, 0, 0, 0] = 1.0  # slot 1 holds 3, slot 0 2: slot 1 waits
+    with torch.no_grad():
+        model.play_rollouts = 8
+        searched = model.act(waiting, greedy=True, mask=mask[:, :1])[0]
+        model.play_rollouts = 0
+        assert torch.equal(searched, model.act(waiting, greedy=True, mask=mask[:, :1])[0])
+
+
+def test_the_play_search_rides_on_exact_outcomes_and_changes_no_training_step(tmp_path):
+    from safetensors.torch import load_file
+
+    import phalanx
+    from phalanx import checkpoint as ckpt
+
+    env = make("connect_four", num_envs=1)
+    plain = build_model(resolve({"env": "connect_four", "model": "board", "exact_outcomes": False, "play_rollouts": 8}), env)
+    assert plain.play_rollouts == 0  # the search plays on by the exact outcomes: without them the key does nothing
+    assert build_model(resolve({"env": "connect_four", "model": "board"}), env).play_rollouts == 16  # the env's default
+    with pytest.raises(ConfigError, match="config key 'play_rollouts' is 8 but env 'pixel_goal' has no afterstates"):
+        build_model(resolve({"env": "pixel_goal", "model": "board", "play_rollouts": 8}), make("pixel_goal", num_envs=1))
+    cfg = {"env": "connect_four", "model": "board", "board_channels": 4, "num_envs": 16, "num_steps": 8,
+           "total_steps": 16 * 8 * 2, "opponents": "self_play:1,threats_2:1", "progress": False, "tensorboard": False,
+           "exact_outcomes": True}
+    weights = []
+    for rollouts in (0, 4):
+        phalanx.train({**cfg, "play_rollouts": rollouts, "run_dir": str(tmp_path / str(rollouts))})
+        weights.append(load_file(str(ckpt.latest_checkpoint(tmp_path / str(rollouts)) / ckpt.WEIGHTS_FILE)))
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    assert phalanx.load(tmp_path / "4").model.play_rollouts == 4

@@ -114,6 +114,11 @@ class Config:
                                     "policy plays greedily (phalanx eval, export, packages, greedy opponents); 0: "
                                     "outcome_plies. Sampled moves (training's rollouts, snapshots) keep outcome_plies: "
                                     "the deeper horizon costs a decision, not a rollout", choices=(0, 2, 3, 4, 5, 6))
+    play_rollouts: int = _f(0, "model=board with exact_outcomes: where the policy plays greedily (phalanx eval, packages, "
+                               "greedy opponents), judge each move the net likes by this many games played on from it by "
+                               "the policy itself, both sides sampling as in training, and play the best (on-line policy "
+                               "improvement by Monte Carlo search); 0: the net's most likely move. Sampled moves "
+                               "(training's rollouts, snapshots) never search; without exact_outcomes the key does nothing", min=0)
     lstm_hidden: int = _f(128, "LSTM width (model=lstm)", positive=True)
     tf_width: int = _f(64, "transformer width (model=transformer; also the strategy encoder and role attention)", positive=True)
     tf_layers: int = _f(2, "transformer layers", positive=True)

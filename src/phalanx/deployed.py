@@ -130,6 +130,11 @@ class DeployedPolicy(nn.Module):
         if frozen.obs_rms is not None:
             frozen.obs_rms.to("cpu")
         _plain_tanh(frozen.model)
+        # A board policy's play search (play_rollouts: games played on, a loop whose length depends on the game) is
+        # no graph: the graph is the net's own greedy play, and `policy` keeps its search.
+        self.search_left_out = 0
+        if isinstance(frozen.model, BoardActorCritic):
+            self.search_left_out, frozen.model.play_rollouts = frozen.model.play_rollouts, 0
         self.policy = frozen  # not a module: its preprocess is the run's, reading the modules registered below
         self.model = frozen.model
         self.obs_rms = frozen.obs_rms

@@ -123,6 +123,9 @@ def contract(deployed: DeployedPolicy, opset: int, exporter: str) -> dict[str, A
         "greedy": True, "batch_axis": "batch (dynamic, >= 1); the second axis is the agent slot",
         "inputs": [s.to_json() for s in deployed.inputs], "outputs": [s.to_json() for s in deployed.outputs],
         "distribution": list(distribution_names(policy.action_space)), "value": value, "memory": memory,
+        "play_search": (f"left out: the run plays greedily after {deployed.search_left_out} games played on from each "
+                        "move it likes (play_rollouts); the graph plays the net's own greedy move"
+                        if deployed.search_left_out else "none"),
     }
 
 
@@ -348,7 +351,9 @@ def lockstep(run: str | Path | Policy, onnx_path: str | Path, episodes: int = 20
             if deployed.recurrent:
                 feeds.update({EPISODE_START: prev_done.cpu().numpy(), ACTIVE: rec.active.cpu().numpy(), **memory})
             got = dict(zip(out_names, session.run(None, feeds)))
-            actions = policy.act(rec.obs, greedy=True, reset=prev_done, active=rec.active, mask=rec.action_mask)
+            # The graph leaves a play search out (DeployedPolicy): it is compared with the policy's play without it.
+            played = deployed.policy if deployed.search_left_out else policy
+            actions = played.act(rec.obs, greedy=True, reset=prev_done, active=rec.active, mask=rec.action_mask)
             mine = actions.cpu().numpy()
             if discrete:
                 mismatches += int(not np.array_equal(got[ACTION], mine))

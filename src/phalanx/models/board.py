@@ -38,8 +38,15 @@ from phalanx.config import default
 from phalanx.draws import Source
 from phalanx.envs.spaces import Space
 from phalanx.models.layers import layer_init
+from phalanx.models.board_search import position_keys, rollout_values
 from phalanx.models.mlp import ActionHead
 from phalanx.models.state import NoMemory
+
+
+# Positions the play search (models/board_search.py) remembers its move for, at most; then it starts afresh.
+SEARCH_MEMORY = 1 << 20
+# The moves played on in the rollouts: those the net gives at least this share of its favourite's probability.
+ROLLOUT_SHARE = 0.1
 
 
 class ResidualBlock(nn.Module):
@@ -74,6 +81,8 @@ class BoardActorCritic(nn.Module):
         afterstates: Callable[[torch.Tensor], torch.Tensor] | None = None,
         move_outcomes: Callable[[torch.Tensor], torch.Tensor] | None = None,
         play_outcomes: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        successors: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        play_rollouts: int = default("play_rollouts"),
         init_log_std: float = default("init_log_std"),
     ):
         super().__init__()
@@ -92,6 +101,10 @@ class BoardActorCritic(nn.Module):
         self.afterstates = afterstates
         self.move_outcomes = move_outcomes
         self.play_outcomes = play_outcomes
+        if play_rollouts and (successors is None or move_outcomes is None):
+            raise ValueError("play_rollouts needs the game's successors and move outcomes (a deterministic board game)")
+        self.successors, self.play_rollouts = successors, play_rollouts
+        self._search_memory: tuple[tuple[int, ...], dict[tuple[int, int], int]] = ((), {})
         self.stem = layer_init(nn.Conv2d(P + 1, channels, 3, padding=1))
         self.blocks = nn.Sequential(*(ResidualBlock(channels) for _ in range(blocks)))
         ids = num_agents if agent_id else 0
@@ -149,12 +162,73 @@ class BoardActorCritic(nn.Module):
         outcomes = self.play_outcomes if greedy and self.play_outcomes is not None else self.move_outcomes
         if outcomes is None:
             return mask
-        outcome = outcomes(obs.to(self.stem.weight.dtype))
-        allowed = torch.ones_like(outcome, dtype=torch.bool) if mask is None else mask
-        best = torch.where(allowed, outcome, -torch.inf).amax(-1, keepdim=True)
-        # A forced win: the soonest; none: every move that does not lose; only losses: the slowest.
-        floor = torch.where((best > 0.5) | (best < -0.5), best - 1e-4, -0.5)
-        return allowed & (outcome >= floor)
+        return _narrowed(outcomes(obs.to(self.stem.weight.dtype)), mask)
+
+    def _reading(self, boards: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Boards [M, H, W, P] -> (the net's actor output [M, n], the board each move makes [M, n, H, W, P], the moves
+        the policy samples from (the legal ones the outcomes leave), the moves that complete a line)."""
+        out = self.forward_both(boards)[0]
+        after = self.successors(boards)
+        legal = after.flatten(2).sum(-1) > boards.flatten(1).sum(-1, keepdim=True)
+        outcome = self.move_outcomes(boards)
+        return out, after, _narrowed(outcome, legal), legal & (outcome > 1.0 - 1e-4)
+
+    def _rollout_move(self, boards: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The play of `rollout_values`'s games: a move of boards [M, H, W, P] sampled as training samples it, by the
+        Gumbel-max rule on `noise` [M, n] -> (the board it makes, whether it completes a line)."""
+        out, after, allowed, wins = self._reading(boards)
+        gumbel = -torch.log(-torch.log(noise))
+        move = (self.head._logits(out, allowed) + gumbel).masked_fill(~allowed, -torch.inf).argmax(-1)
+        rows = torch.arange(len(boards), device=boards.device)
+        return after[rows, move], wins[rows, move]
+
+    def _greedy(self, obs: torch.Tensor, out: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
+        """Greedy actions [..., A] among the `allowed` moves: the most likely, or with `play_rollouts` the move whose
+        games played on score best (models/board_search.py) where the slot is to move and has a choice (a slot
+        holding more pieces than the other waits)."""
+        action = self.head.sample(out, None, True, allowed)
+        if not self.play_rollouts:
+            return action
+        boards = obs.reshape(-1, *self.obs_shape).to(self.stem.weight.dtype)
+        choices = torch.ones_like(out, dtype=torch.bool) if allowed is None else allowed
+        choices = choices.reshape(boards.shape[0], -1)
+        own, other = boards[..., 0].flatten(1).sum(-1), boards[..., 1].flatten(1).sum(-1)
+        rows = ((own <= other) & (choices.sum(-1) > 1)).nonzero().squeeze(-1)
+        if rows.numel() == 0:
+            return action
+        prior = torch.where(choices[rows], out.reshape(boards.shape[0], -1)[rows], -torch.inf).softmax(-1)
+        flat = action.reshape(-1).clone()
+        flat[rows] = self._searched(boards[rows], choices[rows], prior)
+        return flat.view(action.shape)
+
+    def _searched(self, boards: torch.Tensor, choices: torch.Tensor, prior: torch.Tensor) -> torch.Tensor:
+        """The search's moves [M] for boards [M, H, W, P] among `choices`, each distinct position searched once and
+        remembered: the search is a function of the position, and a greedy policy's games against a player that
+        varies little repeat their positions (200 games a seat are often a few games played again). The memory is
+        dropped when the weights change (their version counters)."""
+        version = tuple(p._version for p in self.parameters())
+        if self._search_memory[0] != version:
+            self._search_memory = (version, {})
+        memory = self._search_memory[1]
+        unique, inverse = torch.unique(position_keys(boards), dim=0, return_inverse=True)
+        known = [memory.get(tuple(k)) for k in unique.tolist()]
+        todo = [i for i, m in enumerate(known) if m is None]
+        if todo:
+            first = torch.zeros(len(unique), dtype=torch.long, device=boards.device)
+            first.scatter_(0, inverse, torch.arange(len(boards), device=boards.device))  # a row of each position
+            at = first[torch.tensor(todo, device=boards.device)]
+            # Games are played on from the moves the net gives a fair share of its favourite's probability.
+            liked = prior[at] >= ROLLOUT_SHARE * prior[at].amax(-1, keepdim=True)
+            wins = self._reading(boards[at])[3]
+            worth = rollout_values(boards[at], choices[at] & liked, wins, self._rollout_move, self.successors,
+                                   self.play_rollouts)
+            found = (worth + 1e-3 * prior[at]).argmax(-1).tolist()  # equal results go to the net's preference
+            if len(memory) > SEARCH_MEMORY:
+                memory.clear()
+            for i, move in zip(todo, found):
+                known[i] = move
+                memory[tuple(unique[i].tolist())] = move
+        return torch.tensor(known, device=boards.device)[inverse]
 
     def value(self, critic_in: torch.Tensor) -> torch.Tensor:
         """V per agent [..., A] from boards [..., A, H, W, P]."""
@@ -166,17 +240,17 @@ class BoardActorCritic(nn.Module):
 
     def act(self, obs: torch.Tensor, generator: Source = None, greedy: bool = False,
             mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        out, mask = self.forward_both(obs)[0], self.moves(obs, mask, greedy)
-        action = self.head.sample(out, generator, greedy, mask)
-        return action, self.head.log_prob(out, action, mask)
+        out, moves = self.forward_both(obs)[0], self.moves(obs, mask, greedy)
+        action = self._greedy(obs, out, moves) if greedy else self.head.sample(out, generator, greedy, moves)
+        return action, self.head.log_prob(out, action, moves)
 
     def act_value(self, obs: torch.Tensor, generator: Source = None, greedy: bool = False,
                   critic_in: torch.Tensor | None = None,
                   mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`act` and `value` of one forward (the critic reads the same boards): -> (action, log-prob, value)."""
-        (out, value), mask = self.forward_both(obs), self.moves(obs, mask, greedy)
-        action = self.head.sample(out, generator, greedy, mask)
-        return action, self.head.log_prob(out, action, mask), value
+        (out, value), moves = self.forward_both(obs), self.moves(obs, mask, greedy)
+        action = self._greedy(obs, out, moves) if greedy else self.head.sample(out, generator, greedy, moves)
+        return action, self.head.log_prob(out, action, moves), value
 
     def evaluate(self, obs: torch.Tensor, actions: torch.Tensor,
                  mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -186,6 +260,15 @@ class BoardActorCritic(nn.Module):
                        mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         out, value = self.forward_both(obs)
         return *self.head.log_prob_entropy(out, actions, self.moves(obs, mask)), value
+
+
+def _narrowed(outcome: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """The moves of `mask` (None: all) that the outcomes [..., n] leave: a forced win, the soonest; none: every move
+    that does not lose; only losses: the slowest."""
+    allowed = torch.ones_like(outcome, dtype=torch.bool) if mask is None else mask
+    best = torch.where(allowed, outcome, -torch.inf).amax(-1, keepdim=True)
+    floor = torch.where((best > 0.5) | (best < -0.5), best - 1e-4, -0.5)
+    return allowed & (outcome >= floor)
 
 
 __all__ = ["BoardActorCritic", "ResidualBlock"]

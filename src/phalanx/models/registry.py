@@ -223,6 +223,9 @@ def _check_board(cfg: Config, env: VecEnv) -> None:
     if cfg.exact_outcomes and not env.has_move_outcomes:
         raise ConfigError(f"config key 'exact_outcomes' is true but env '{cfg.env}' has no move outcomes (a board game's "
                           "win rule read off its boards); allowed for it: false")
+    if cfg.play_rollouts and not env.has_afterstates:
+        raise ConfigError(f"config key 'play_rollouts' is {cfg.play_rollouts} but env '{cfg.env}' has no afterstates (a "
+                          "deterministic board game's move function) to play games on with; allowed for it: 0")
     if cfg.mirror and env.mirror_actions is None:
         raise ConfigError(f"config key 'mirror' is true but env '{cfg.env}' declares no mirror_actions (no left-right "
                           "symmetry); allowed for it: false")
@@ -236,6 +239,8 @@ def _build_board(cfg: Config, env: VecEnv) -> ActorCritic:
                             move_outcomes=env.move_outcome_fn(cfg.outcome_plies) if cfg.exact_outcomes else None,
                             play_outcomes=env.move_outcome_fn(cfg.play_outcome_plies)
                             if cfg.exact_outcomes and cfg.play_outcome_plies not in (0, cfg.outcome_plies) else None,
+                            successors=env.afterstate_fn() if cfg.play_rollouts and cfg.exact_outcomes else None,
+                            play_rollouts=cfg.play_rollouts if cfg.exact_outcomes else 0,
                             init_log_std=cfg.init_log_std)
 
 
