@@ -15,6 +15,11 @@ The peers' figures are not all measured alike (written in PEERS): CleanRL's are 
 episodes (the sampled policy) at the end of training, over 3 seeds; the RL Zoo's are one trained model's
 deterministic evaluation (mean and std over its evaluation episodes). Compare sampled play with the first and
 greedy play with the second.
+
+Kept packed (bench/packs.py): each row's sweep.json and eval/ as one line of OUT/runs.jsonl.gz,
+`python -m bench.packs OUT OUT/runs.jsonl.gz --runs '*/sweep.json' --files sweep.json --files 'eval/*.json'`. A row
+OUT holds no folder of is read from OUT/runs.jsonl.gz, so `--report-only` makes OUT/table.md and OUT/results.json
+again from the pack; `--out OUT/runs.jsonl.gz` does the same and trains nothing.
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ from pathlib import Path
 import numpy as np
 
 from phalanx.compare import bootstrap_ci
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench.packs, when run as bench/learning_parity.py
+from bench import packs  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 SPECS = HERE / "parity"
@@ -92,8 +100,14 @@ def train_seconds(run: Path) -> float:
     return rows[-1]["time"] - rows[0]["time"] + rows[0]["step"] / rows[0]["sps"]
 
 
-def scores(row: str, out: Path, episodes: int) -> dict | None:
-    sweep = json.loads((out / row / "sweep.json").read_text())
+def kept_rows(source: Path) -> dict[str, dict]:
+    """Each row's kept files ("sweep.json", "eval/<trial>.json") by row, from a pack (bench/packs.py) or from OUT."""
+    return {run["name"]: run for run in packs.runs(source, "*/sweep.json", ("sweep.json", "eval/*.json"))}
+
+
+def scores(row: str, out: Path, episodes: int, kept: dict | None = None) -> dict | None:
+    """A row's figures: its runs evaluated (cached in OUT/<row>/eval/), or, given the row's `kept` files, read."""
+    sweep = kept["sweep.json"] if kept is not None else json.loads((out / row / "sweep.json").read_text())
     done = [t for t in sweep["trials"] if t["status"] == "done"]
     if not done:
         return None
@@ -101,7 +115,12 @@ def scores(row: str, out: Path, episodes: int) -> dict | None:
     for trial in sorted(done, key=lambda t: t["seed"]):
         run = out / row / "runs" / trial["name"]
         cached = out / row / "eval" / f"{trial['name']}.json"
-        result = evaluate(run, cached, episodes)
+        if kept is not None:
+            result = kept.get(f"eval/{trial['name']}.json")
+            if result is None or "train_seconds" not in result:
+                raise SystemExit(f"{row}: {trial['name']}'s evaluation is not in the pack")
+        else:
+            result = evaluate(run, cached, episodes)
         if "train_seconds" not in result:  # kept beside the scores: the runs themselves are not kept with the results
             result["train_seconds"] = train_seconds(run)
             cached.write_text(json.dumps(result, indent=1))
@@ -147,13 +166,18 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown row {unknown[0]!r}; allowed: {', '.join(PEERS)}")
     out = Path(args.out)
-    if not args.report_only:
+    packed = packs.is_pack(out)  # a kept comparison: the table again from the pack, nothing trained
+    pack = out if packed else out / "runs.jsonl.gz"
+    if packed:
+        out = out.parent
+    if not args.report_only and not packed:
         for row in rows:
             run_row(row, Path(args.specs), out, args.workers)
+    kept = kept_rows(pack) if pack.exists() else {}
     results = {}
     for row in PEERS:  # every row OUT holds, so that training some rows keeps the others in the table
-        if (out / row / "sweep.json").exists():
-            got = scores(row, out, args.episodes)
+        if (out / row / "sweep.json").exists() or row in kept:  # a row's folder before its packed files
+            got = scores(row, out, args.episodes, None if (out / row / "sweep.json").exists() else kept[row])
             if got is not None:
                 results[row] = got
     (out / "results.json").parent.mkdir(parents=True, exist_ok=True)

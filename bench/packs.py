@@ -2,6 +2,8 @@
 as one gzipped JSON line a run, so that a study keeps one file where it kept a folder per run (issue 64).
 
     python -m bench.packs DIR PACK.jsonl.gz     # the run folders under DIR (the folders holding a config.json)
+    python -m bench.packs DIR PACK.jsonl.gz --runs '*/result.json'    # DIR's folders holding a result.json
+    python -m bench.packs DIR PACK.jsonl.gz --runs '*/sweep.json' --files '*.json' --files 'eval/*.json'
 
 `runs(PACK)` reads the lines back as {"name", and each file by name}; `unpacked(PACK)` writes them back as folders in a
 temporary directory, for the study scripts that read run folders (bench/games/study.py). A pack of the same runs is
@@ -23,21 +25,27 @@ def is_pack(path: Path) -> bool:
     return path.name.endswith(".jsonl.gz")
 
 
-def runs(root: Path) -> list[dict]:
-    """Every run of a study: {"name", and each of its JSON files by file name}, from a pack or from a folder of run
-    folders (any depth: the folders holding a config.json, in name order)."""
+RUNS = "**/config.json"  # a run folder: one holding a config.json, at any depth
+FILES = ("*.json",)  # what of a run folder is kept: its JSON files
+
+
+def runs(root: Path, marker: str = RUNS, files: tuple[str, ...] = FILES) -> list[dict]:
+    """Every run of a study: {"name", and each of its JSON files by its path in the run folder}, from a pack or from a
+    folder of run folders (the folders holding a file that `marker`, a glob under `root`, matches: by default any
+    depth's config.json; in name order; of each, the files that a glob of `files` matches: by default its JSON files)."""
     if is_pack(root):
         with gzip.open(root, "rt") as f:
             return [json.loads(line) for line in f]
-    return [{"name": cfg.parent.name, **{p.name: json.loads(p.read_text()) for p in sorted(cfg.parent.glob("*.json"))}}
-            for cfg in sorted(root.rglob("config.json"))]
+    return [{"name": d.name, **{p.relative_to(d).as_posix(): json.loads(p.read_text())
+                                for p in sorted({p for glob in files for p in d.glob(glob)})}}
+            for d in sorted({p.parent for p in root.glob(marker)})]
 
 
-def pack(root: Path, out: Path) -> None:
+def pack(root: Path, out: Path, marker: str = RUNS, files: tuple[str, ...] = FILES) -> None:
     """The runs of `root` (`runs`) as one gzipped JSON line each, into `out`."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=9, mtime=0) as f:
-        for run in runs(root):
+        for run in runs(root, marker, files):
             f.write((json.dumps(run, separators=(",", ":")) + "\n").encode())
 
 
@@ -51,6 +59,7 @@ def unpacked(pack_path: Path) -> Iterator[list[Path]]:
             d.mkdir()
             for name, content in run.items():
                 if name != "name":
+                    (d / name).parent.mkdir(parents=True, exist_ok=True)
                     (d / name).write_text(json.dumps(content, indent=1) + "\n")
             dirs.append(d)
         yield dirs
@@ -60,10 +69,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("root", type=Path, help="a folder of run folders")
     ap.add_argument("out", type=Path, help="the pack to write (NAME.jsonl.gz)")
+    ap.add_argument("--runs", default=RUNS, help=f"a glob under ROOT: the folders holding a file it matches are the "
+                    f"runs [{RUNS}]")
+    ap.add_argument("--files", action="append", help=f"a glob under each run folder: the files it matches are kept "
+                    f"(again for more) [{', '.join(FILES)}]")
     args = ap.parse_args()
     if not is_pack(args.out):
         ap.error("the pack's name must end in .jsonl.gz")
-    pack(args.root, args.out)
+    pack(args.root, args.out, args.runs, tuple(args.files or FILES))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,13 @@ over the run's batches; BenchMARL's from its callbacks, Phalanx's from the train
 library's process is set up as its own command sets it up (Phalanx's: `phalanx train`'s host allocator
 settings, `devices.tune_host_allocator`).
 
-Writes OUT/runs.json (every curve), OUT/table.md and OUT/curves.png.
+Writes OUT/<library>-<task>-<seed>/result.json (each run: its curve and times), OUT/runs.json and
+OUT/random_play.json (all of them), OUT/table.md and OUT/curves.png. A study is kept packed (bench/packs.py):
+`python -m bench.packs OUT OUT/runs.jsonl.gz --runs '*/result.json'`; `--out OUT/runs.jsonl.gz` then makes table.md
+and curves.png again beside the pack from the runs it holds, and trains nothing:
+
+    python bench/vmas_vs_benchmarl.py --tasks transport,wheel --seeds 1,2 --frames 720000 --phalanx-frames 720000 \
+        --threads 1 --out bench/results/vmas_vs_benchmarl-720k/runs.jsonl.gz
 """
 
 from __future__ import annotations
@@ -40,6 +46,9 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench.packs, when run as bench/vmas_vs_benchmarl.py
+from bench import packs  # noqa: E402
 
 LIBRARIES = ("benchmarl", "phalanx")
 # BenchMARL's tuned on-policy settings for VMAS (its fine_tuned/vmas configuration and paper).
@@ -259,8 +268,23 @@ def at_frames(curve: list[dict], frames: int) -> dict:
     return [p for p in curve if p["frames"] <= frames][-1]
 
 
+def kept_results(source: Path) -> dict[str, dict]:
+    """Each kept run's result.json by its folder's name (<library>-<task>-<seed>), from a pack (bench/packs.py) or
+    from a study's folder."""
+    return {run["name"]: run["result.json"] for run in packs.runs(source, "*/result.json")}
+
+
 def report(runs: list[dict], out: Path, tasks: list[str], seeds: list[int], frames: int, device: str,
            random_play: Sequence[dict] = (), episodes: int = 200) -> str:
+    """table.md and curves.png into `out`; the table's text."""
+    text = table(runs, tasks, seeds, frames, device, random_play, episodes)
+    (out / "table.md").write_text(text)
+    plot(runs, out / "curves.png", tasks)
+    return text
+
+
+def table(runs: list[dict], tasks: list[str], seeds: list[int], frames: int, device: str,
+          random_play: Sequence[dict] = (), episodes: int = 200) -> str:
     lines = [f"VMAS MAPPO, BenchMARL {frames:,} frames, seeds {', '.join(map(str, seeds))}, device {device}; "
              f"return: mean episode reward per agent (BenchMARL's evaluation, {episodes} episodes), mean [min, max] over seeds; "
              "random play: uniform actions, the same evaluation.", "",
@@ -294,10 +318,7 @@ def report(runs: list[dict], out: Path, tasks: list[str], seeds: list[int], fram
     used = {lib: sorted({json.dumps(r.get("torch_threads", "not recorded")) for r in runs if r["library"] == lib})
             for lib in LIBRARIES}
     lines += ["", "torch threads each library ran with: " + "; ".join(f"{lib} {', '.join(v)}" for lib, v in used.items() if v)]
-    text = "\n".join(lines) + "\n"
-    (out / "table.md").write_text(text)
-    plot(runs, out / "curves.png", tasks)
-    return text
+    return "\n".join(lines) + "\n"
 
 
 def plot(runs: list[dict], path: Path, tasks: list[str]) -> None:
@@ -347,6 +368,11 @@ def main(argv: list[str] | None = None) -> int:
                    "checkpoints by the same protocol (e.g. runs at the full default budget) and write RUN/eval_benchmarl.json")
     args = p.parse_args(argv)
     out = Path(args.out)
+    kept = None
+    if packs.is_pack(out):  # a kept study: its table again from the pack's runs
+        if args.one or args.score or args.heuristic:
+            p.error("--out PACK only makes the table again from the runs it holds")
+        kept, out = kept_results(out), out.parent
     if args.heuristic:
         import torch
 
@@ -369,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads < 1:
         p.error(f"--threads must be >= 1; got {args.threads}")
     wanted = [args.one[0]] if args.one else args.libraries.split(",")
-    if "benchmarl" in wanted and importlib.util.find_spec("benchmarl") is None:
+    if kept is None and "benchmarl" in wanted and importlib.util.find_spec("benchmarl") is None:
         p.error("BenchMARL is not installed: pip install -e '.[benchmarl]' && pip install --no-deps benchmarl==1.5.2")
     if args.one:
         import torch
@@ -398,7 +424,13 @@ def main(argv: list[str] | None = None) -> int:
     for task in tasks:
         for seed in seeds:
             for lib in [*args.libraries.split(","), "random"]:
-                result = out / f"{lib}-{task}-{seed}" / "result.json"
+                name = f"{lib}-{task}-{seed}"
+                if kept is not None:
+                    if name not in kept:
+                        p.error(f"{name} is not in the pack {args.out}")
+                    (random_play if lib == "random" else runs).append(kept[name])
+                    continue
+                result = out / name / "result.json"
                 if not result.exists():
                     print(f"{lib} {task} seed {seed} ...", flush=True)
                     cmd = [sys.executable, __file__, "--one", lib, task, str(seed), "--frames", str(args.frames), "--phalanx-frames", str(args.phalanx_frames),
@@ -407,8 +439,9 @@ def main(argv: list[str] | None = None) -> int:
                            "--phalanx-set", args.phalanx_set]
                     subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
                 (random_play if lib == "random" else runs).append(json.loads(result.read_text()))
-    (out / "runs.json").write_text(json.dumps(runs, indent=1))
-    (out / "random_play.json").write_text(json.dumps(random_play, indent=1))
+    if kept is None:
+        (out / "runs.json").write_text(json.dumps(runs, indent=1))
+        (out / "random_play.json").write_text(json.dumps(random_play, indent=1))
     print(report(runs, out, tasks, seeds, args.frames, args.device, random_play, args.eval_episodes))
     return 0
 

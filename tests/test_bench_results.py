@@ -49,3 +49,67 @@ def test_a_games_study_remakes_from_its_pack(folder, episodes):
     with packs.unpacked(kept / "runs.jsonl.gz") as runs:
         md, _ = games.table(runs, episodes, threads=1)
     assert md == (kept / "study.md").read_text()
+
+
+VMAS = ROOT / "bench" / "results"
+
+
+@pytest.mark.parametrize("study, tasks, frames", [
+    ("vmas_vs_benchmarl-six", "navigation,balance,dispersion,passage,transport,wheel", 360_000),
+    ("vmas_vs_benchmarl-720k", "transport,wheel", 720_000)])
+def test_a_vmas_table_remakes_from_its_pack(study, tasks, frames):
+    """bench/vmas_vs_benchmarl.py over a kept pack (`--out STUDY/runs.jsonl.gz`, the study README's command): its
+    table.md byte for byte."""
+    from bench import vmas_vs_benchmarl as vmas
+
+    kept = vmas.kept_results(VMAS / study / "runs.jsonl.gz")
+    tasks, seeds = tasks.split(","), [1, 2]
+    runs = [kept[f"{lib}-{task}-{seed}"] for task in tasks for seed in seeds for lib in vmas.LIBRARIES]
+    random_play = [kept[f"random-{task}-{seed}"] for task in tasks for seed in seeds]
+    assert vmas.table(runs, tasks, seeds, frames, "cpu", random_play, 200) == (VMAS / study / "table.md").read_text()
+
+
+def test_the_first_vmas_table_keeps_its_rows_in_its_pack():
+    """bench/results/vmas_vs_benchmarl/table.md was printed before the table had its random-play column and its
+    threads line: every row of it, that column aside, remakes from its pack."""
+    from bench import vmas_vs_benchmarl as vmas
+
+    kept = vmas.kept_results(VMAS / "vmas_vs_benchmarl" / "runs.jsonl.gz")
+    tasks, seeds = ["navigation", "balance"], [1, 2]
+    runs = [kept[f"{lib}-{task}-{seed}"] for task in tasks for seed in seeds for lib in vmas.LIBRARIES]
+    rows = [line.split(" | ") for line in vmas.table(runs, tasks, seeds, 360_000, "cpu").splitlines()
+            if line.startswith(("| navigation", "| balance"))]
+    printed = [line for line in (VMAS / "vmas_vs_benchmarl" / "table.md").read_text().splitlines()
+               if line.startswith(("| navigation", "| balance"))]
+    assert printed == [" | ".join(row[:3] + row[4:]) for row in rows] and len(printed) == 4
+
+
+# The default-budget study's table (its README): each row's run in the pack, as it is printed.
+DEFAULT_BUDGET = ["wheel-1", "wheel-2", "transport-defaults-1", "transport-defaults-2", "transport-defaults-3",
+                  "transport-10m-1", "transport-10m-2", "transport-unit-noise-3", "passage-1", "passage-2", "passage-3",
+                  "passage-shared-defaults-1", "passage-shared-defaults-2"]
+
+
+def test_the_vmas_default_budget_table_reads_its_pack():
+    """bench/results/vmas_default_budget/README.md's table is written by hand from each run's eval_benchmarl.json:
+    every return it prints is its run's, rounded as printed."""
+    kept = {run["name"]: run for run in packs.runs(VMAS / "vmas_default_budget" / "runs.jsonl.gz")}
+    text = (VMAS / "vmas_default_budget" / "README.md").read_text()
+    cells = [line.split("|")[3].strip() for line in text.splitlines() if line.startswith("| ") and "task" not in line]
+    assert len(cells) == len(DEFAULT_BUDGET)
+    for name, cell in zip(DEFAULT_BUDGET, cells):
+        places = len(cell.split(".")[1]) if "." in cell else 0
+        assert round(kept[name]["eval_benchmarl.json"]["return"], places) == float(cell.replace(",", "")), name
+
+
+def test_the_learning_parity_table_remakes_from_its_pack():
+    """bench/learning_parity.py over its kept pack (`--report-only`: every row read from runs.jsonl.gz): table.md and
+    results.json byte for byte."""
+    from bench import learning_parity as parity
+
+    kept_dir = ROOT / "bench" / "results" / "learning_parity"
+    kept = parity.kept_rows(kept_dir / "runs.jsonl.gz")
+    results = {row: parity.scores(row, kept_dir, 100, kept[row]) for row in parity.PEERS if row in kept}
+    assert list(results) == list(parity.PEERS)
+    assert parity.table(results, 100) == (kept_dir / "table.md").read_text()
+    assert json.dumps(results, indent=1) == (kept_dir / "results.json").read_text()

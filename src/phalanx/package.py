@@ -294,6 +294,10 @@ def _limitations(cfg: Config, table: dict[str, Any], contract: dict[str, Any]) -
              f"{'the evaluation options of ' if cfg.env_options else ''}`{cfg.env}`"
              + (" (training-only options off)" if registry.evaluation_options(cfg.env, cfg.env_options) != cfg.env_options
                 else "") + "; it measures these opponents and this seed, not every opponent a user may bring."]
+    if contract["play_search"] != "none":
+        items.append(f"- The evaluation's greedy play searches (`play_rollouts` {cfg.play_rollouts}: games played on from "
+                     "each move the net likes); the graph does not: it plays the net's own greedy move, which is weaker "
+                     "(docs/EXPORT.md).")
     if not any(o["name"] == "value" for o in contract["outputs"]):
         items.append("- The graph has no value output: this run's critic (MAPPO) reads the world's state, which the graph "
                      "does not take.")
