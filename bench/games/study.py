@@ -136,7 +136,9 @@ def table(runs: list[Path], episodes: int, threads: int) -> tuple[str, dict]:
     lines = [f"{env}{shown_options}, seeds {', '.join(map(str, seeds))}, {', '.join(f'{s:,}' for s in steps)} steps, "
              f"opponents `{configs[0]['opponents'] or 'none (self-play: the learner in both slots)'}`; training "
              f"{min(secs) / 60:.1f}-{max(secs) / 60:.1f} min a run; illegal moves in training: {shown}; "
-             f"{episodes} greedy games per seed and seat",
+             f"{episodes} greedy games per seed and seat"
+             + (f" (greedy play: the move whose {configs[0]['play_rollouts']} games played on from each move the net "
+                "likes score best)" if configs[0].get("play_rollouts") else ""),
              "", "| opponent | seat | won / drawn / lost (all seeds) | losses per seed | score [95% interval] |",
              "|---|---|---|---|---|"]
     data: dict = {"env": env, "env_options": trained_on, "seeds": seeds, "runs": [str(r) for r in runs], "training_seconds": secs,
