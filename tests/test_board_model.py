@@ -157,17 +157,24 @@ def test_connect_four_defaults_to_the_board_model_and_another_model_drops_its_ke
         build_model(resolve({"env": "connect_four", "model": "mlp", "lookahead": True}), make("connect_four", num_envs=1))
 
 
+def _open_three_position(owner: int = 1):
+    """Slot 0 to move; slot `owner`'s mark (1: slot 0, 2: slot 1) has two in the bottom row (columns 2 and 3), both ends
+    open, the other's pieces on top of them. Owner 1: column 1 or 4 makes an open three, a double threat that wins in
+    3 plies whatever slot 1 does; owner 2: only columns 1 and 4 stop slot 1's."""
+    env = make("connect_four", num_envs=1, seed=0)
+    env.reset(seed=0)
+    board = torch.zeros(1, 42, dtype=torch.long)
+    board[0, [37, 38]] = owner
+    board[0, [30, 31]] = 3 - owner
+    env.board, env.turn = board, torch.zeros(1, dtype=torch.long)
+    return env, env._observe(board), env._mask()
+
+
 def test_deeper_exact_outcomes_see_a_double_threat_coming():
     """outcome_plies 4: slot 1 has two in the bottom row (columns 2 and 3) with both ends open, slot 0 to move. At 2
     plies every move looks safe; at 4 plies only columns 1 and 4 stop the open three (after any other move slot 1
     plays column 1 or 4 and wins next move whatever slot 0 does)."""
-    env = make("connect_four", num_envs=1, seed=0)
-    env.reset(seed=0)
-    board = torch.zeros(1, 42, dtype=torch.long)
-    board[0, [37, 38]] = 2
-    board[0, [30, 31]] = 1  # slot 0's pieces on top of them: no line of its own to threaten
-    env.board, env.turn = board, torch.zeros(1, dtype=torch.long)
-    obs, mask = env._observe(board), env._mask()
+    env, obs, mask = _open_three_position(owner=2)
     cfg = {"env": "connect_four", "model": "board", "lookahead": True, "board_channels": 8, "exact_outcomes": True}
     allowed = {}
     for plies in (2, 4):
@@ -181,13 +188,7 @@ def test_greedy_play_reads_the_outcomes_deeper_and_sampled_moves_do_not():
     """play_outcome_plies 4 with outcome_plies 2, the position above: greedy play (eval, export) chooses only among
     the two moves that stop the open three; a sampled move (a training rollout's) may still be any of the seven, and
     its log-prob is the one the update computes. Without exact outcomes the key does nothing (as outcome_plies)."""
-    env = make("connect_four", num_envs=1, seed=0)
-    env.reset(seed=0)
-    board = torch.zeros(1, 42, dtype=torch.long)
-    board[0, [37, 38]] = 2
-    board[0, [30, 31]] = 1
-    env.board, env.turn = board, torch.zeros(1, dtype=torch.long)
-    obs, mask = env._observe(board), env._mask()
+    env, obs, mask = _open_three_position(owner=2)
     cfg = resolve({"env": "connect_four", "model": "board", "board_channels": 8, "exact_outcomes": True,
                    "outcome_plies": 2, "play_outcome_plies": 4})
     model = build_model(cfg, env)
@@ -231,18 +232,6 @@ def test_the_play_horizon_changes_nothing_in_training(tmp_path):
     assert phalanx.load(tmp_path / "0").model.play_outcomes is None
     assert phalanx.train({**cfg, "total_steps": 16 * 8, "run_dir": str(tmp_path / "d")}).policy.model.play_outcomes.keywords[
         "plies"] == 6
-
-
-def _open_three_position():
-    """Slot 0 to move with two in the bottom row (columns 2 and 3), both ends open, slot 1's pieces on top of them:
-    column 1 or 4 makes an open three, a double threat that wins in 3 plies whatever slot 1 does."""
-    env = make("connect_four", num_envs=1, seed=0)
-    env.reset(seed=0)
-    board = torch.zeros(1, 42, dtype=torch.long)
-    board[0, [37, 38]] = 1
-    board[0, [30, 31]] = 2
-    env.board, env.turn = board, torch.zeros(1, dtype=torch.long)
-    return env, env._observe(board), env._mask()
 
 
 def test_the_play_search_finds_a_win_that_the_net_and_two_plies_do_not_see():
