@@ -48,8 +48,18 @@ def test_a_games_study_remakes_from_its_pack(folder, episodes):
 
     kept = ROOT / "bench" / "results" / "games" / folder
     with packs.unpacked(kept / "runs.jsonl.gz") as runs:
-        md, _ = games.table(runs, episodes, threads=1)
-    assert md == (kept / "study.md").read_text()
+        assert games.table(runs, episodes, threads=1) == (kept / "study.md").read_text()
+
+
+def test_the_connect_four_probes_remake_from_their_pack():
+    """The single-seed probes, one pack: `python -m bench.games.study probes/runs.jsonl.gz --each --episodes 200`
+    gives their study.md byte for byte, a table a probe under its name."""
+    from bench.games import study as games
+
+    kept = ROOT / "bench" / "results" / "games" / "connect_four" / "probes"
+    with packs.unpacked(kept / "runs.jsonl.gz") as runs:
+        assert len(runs) == 13
+        assert games.each(runs, 200, threads=1) == (kept / "study.md").read_text()
 
 
 VMAS = ROOT / "bench" / "results"

@@ -1,9 +1,12 @@
 """The turn-based games study (issue 50): trained runs of tic-tac-toe or connect four (several seeds) against the
-reference players of this folder, from each seat, greedy; a Markdown table (and JSON) with 95% intervals.
+reference players of this folder, from each seat, greedy; a Markdown table with 95% intervals.
 
     phalanx train --env pz:pettingzoo.classic.tictactoe_v3:env --opponents self_play:8,learner:2,random:1 \\
         --total-steps 1000000 --seed 1 --run-dir runs/games/ttt-s1 --torch-threads 1   # and seeds 2, 3
     python -m bench.games.study runs/games/ttt-s* --episodes 500 --out bench/results/games/tictactoe
+    python -m bench.games.study bench/results/games/connect_four/probes/runs.jsonl.gz --each --episodes 200
+
+`--each` gives every run its own table under its name: single-seed probes of different settings, kept in one pack.
 
 Each run is evaluated with `phalanx eval RUN --vs <the game's players> --episodes E --json` (kept as
 RUN/eval_games.json; an existing one is read, not redone). Per opponent and seat the table gives the games won,
@@ -12,7 +15,8 @@ stratified bootstrap over seeds x games (seeds resampled, then each seed's games
 counts as well as the game-to-game one. For tic-tac-toe a last row walks every game each seed's greedy policy
 can meet against a perfect player taking any of its best moves (`against_every_perfect_line`, kept as
 RUN/every_line.json): not a sample, so no interval. Training time is read from each run's metrics (first to last update,
-plus the first update's own length, on the machine named in the table's caption).
+plus the first update's own length, on the machine named in the table's caption). The table is the summary kept
+beside a study's pack (bench/packs.py), which holds every count it is made from.
 """
 
 from __future__ import annotations
@@ -115,7 +119,7 @@ def score_interval(counts: list[tuple[int, int, int]], reps: int = 4000, seed: i
     return mean, float(lo), float(hi)
 
 
-def table(runs: list[Path], episodes: int, threads: int) -> tuple[str, dict]:
+def table(runs: list[Path], episodes: int, threads: int) -> str:
     configs = [json.loads((r / "config.json").read_text()) for r in runs]
     envs = {c["env"] for c in configs}
     if len(envs) != 1:
@@ -141,9 +145,6 @@ def table(runs: list[Path], episodes: int, threads: int) -> tuple[str, dict]:
                 "likes score best)" if configs[0].get("play_rollouts") else ""),
              "", "| opponent | seat | won / drawn / lost (all seeds) | losses per seed | score [95% interval] |",
              "|---|---|---|---|---|"]
-    data: dict = {"env": env, "env_options": trained_on, "seeds": seeds, "runs": [str(r) for r in runs], "training_seconds": secs,
-                  "training_illegal_moves": illegal,
-                  "total_steps": steps, "episodes": episodes, "rows": []}
     # The game's players every run was evaluated against: a study kept from before a player was added remakes as made.
     for opponent in (p for p in PLAYERS[env] if all(p in e["vs"] for e in evals)):
         for seat in SEATS:
@@ -151,22 +152,22 @@ def table(runs: list[Path], episodes: int, threads: int) -> tuple[str, dict]:
                       for e in evals]
             mean, lo, hi = score_interval(counts)
             total = [sum(c[i] for c in counts) for i in range(3)]
-            illegal = sum(e["vs"][opponent].get("opponent_illegal_moves", 0) for e in evals)
             name = opponent.rsplit(":", 1)[-1] if ":" in opponent else opponent
             lines.append(f"| {name} | {seat} | {total[0]} / {total[1]} / {total[2]} | "
                          f"{', '.join(str(c[2]) for c in counts)} | {mean:.3f} [{lo:.3f}, {hi:.3f}] |")
-            data["rows"].append({"opponent": opponent, "seat": seat, "counts": counts, "score": mean,
-                                 "score_ci95": [lo, hi], "opponent_illegal_moves": illegal})
     if env in TICTACTOE_NAMES:
         walks = [every_line(r) for r in runs]
-        data["every_perfect_line"] = walks
         walked = [w for w in walks if w is not None]
         for seat in SEATS if walked else ():  # no row where no run was walked (kept without checkpoints or walks)
             total = [sum(w[seat][k] for w in walked) for k in ("wins", "draws", "losses")]
             lines.append(f"| every perfect line | {seat} | {total[0]} / {total[1]} / {total[2]} lines | "
                          f"{', '.join('-' if w is None else str(w[seat]['losses']) for w in walks)} | exhaustive"
                          f"{'' if len(walked) == len(walks) else ' (-: no checkpoint kept to walk)'} |")
-    return "\n".join(lines) + "\n", data
+    return "\n".join(lines) + "\n"
+
+
+def each(runs: list[Path], episodes: int, threads: int) -> str:
+    return "\n".join(f"## {run.name}\n\n{table([run], episodes, threads)}" for run in runs)
 
 
 def main() -> None:
@@ -175,26 +176,17 @@ def main() -> None:
                                                        "(bench/packs.py: NAME.jsonl.gz)")
     ap.add_argument("--episodes", type=int, default=500, help="greedy games per seed, seat and opponent")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of each evaluation")
-    ap.add_argument("--out", type=Path, help="write OUT.md and OUT.json (else print the table)")
+    ap.add_argument("--each", action="store_true", help="a table per run, under its name, not one over all runs")
+    ap.add_argument("--out", type=Path, help="write OUT.md (else print the table)")
     args = ap.parse_args()
     with contextlib.ExitStack() as stack:
-        runs, names = [], []
+        runs = []
         for given in sorted(args.runs):
-            if packs.is_pack(given):
-                kept = stack.enter_context(packs.unpacked(given))
-                runs += kept
-                names += [f"{given}:{r.name}" for r in kept]
-            else:
-                runs.append(given)
-                names.append(str(given))
-        md, data = table(runs, args.episodes, args.threads)
-    data["runs"] = names
-    if args.out is None:
-        print(md, end="")
-        return
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".md").write_text(md)
-    args.out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
+            runs += stack.enter_context(packs.unpacked(given)) if packs.is_pack(given) else [given]
+        md = each(runs, args.episodes, args.threads) if args.each else table(runs, args.episodes, args.threads)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_suffix(".md").write_text(md)
     print(md, end="")
 
 
