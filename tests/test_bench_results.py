@@ -62,6 +62,17 @@ def test_the_connect_four_probes_remake_from_their_pack():
         assert games.each(runs, 200, threads=1) == (kept / "study.md").read_text()
 
 
+@pytest.mark.parametrize("study", sorted(p.parent.name for p in (ROOT / "bench" / "results" / "games" / "exploit").glob(
+    "*/exploit.json")))
+def test_a_kept_exploit_report_draws_its_curve(study, tmp_path):
+    """The curves are not kept: each kept exploit.json draws its exploit.png again (docs/EXPERIMENTS.md's command;
+    the same bytes as `phalanx exploit` drew, when the PNGs were removed)."""
+    from phalanx.exploit import draw_curve
+
+    report = json.loads((ROOT / "bench" / "results" / "games" / "exploit" / study / "exploit.json").read_text())
+    assert draw_curve(report, tmp_path / "exploit.png").stat().st_size > 10_000
+
+
 VMAS = ROOT / "bench" / "results"
 
 
