@@ -4,6 +4,7 @@ and a pack round-trips the run folders it was made from."""
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -122,6 +123,33 @@ def test_the_vmas_default_budget_table_reads_its_pack():
     for name, cell in zip(DEFAULT_BUDGET, cells):
         places = len(cell.split(".")[1]) if "." in cell else 0
         assert round(kept[name]["eval_benchmarl.json"]["return"], places) == float(cell.replace(",", "")), name
+
+
+def test_the_compile_table_reads_its_pack():
+    """docs/BENCHMARKS.md's `--compile` table (What `--compile` captures) is written by hand from each run's
+    `phalanx bench suite --json` report, packed in bench/results/compile-28/runs.jsonl.gz: every rate, ratio, median
+    and cached compile time it prints is its runs', rounded as printed; so are the busy runs' ratios below it."""
+    modes = {run["name"]: run["suite.json"]["rows"][0]["modes"]
+             for run in packs.runs(VMAS / "compile-28" / "runs.jsonl.gz")}
+    text = (ROOT / "docs" / "BENCHMARKS.md").read_text().split("## What `--compile` captures")[1].split("\n## ")[0]
+
+    def ratio(name: str, key: str) -> float:
+        return modes[name]["compile"]["train"][key] / modes[name]["eager"]["train"][key]
+
+    for workload, names in (("trial_nav", ["tn1", "tn2", "tn3"]), ("duel", ["du1", "du2", "du3"])):
+        (line,) = [row for row in text.splitlines() if row.startswith(f"| {workload} (")]
+        cells = [cell.strip() for cell in line.split("|")[2:7]]
+        for cell, mode in zip(cells[:2], ("eager", "compile")):
+            places = len(cell.split(" / ")[0].rstrip("k").split(".")[1])
+            assert cell == " / ".join(f"{modes[n][mode]['train']['sps'] / 1e3:.{places}f}k" for n in names), workload
+        for cell, key in zip(cells[2:4], ("sps", "mean_sps")):
+            ratios = [ratio(n, key) for n in names]
+            assert cell == " / ".join(f"{r:.2f}" for r in ratios) + f", median **{statistics.median(ratios):.2f}x**"
+        cached = [modes[n]["compile"]["train"]["warmup_seconds"] for n in names]
+        assert cells[4].startswith(f"{min(cached):.0f}-{max(cached):.0f} s cached"), workload
+    busy = ", ".join(f"{workload} {ratio(name, 'sps'):.2f}x (mean {ratio(name, 'mean_sps'):.2f}x)"
+                     for workload, name in (("trial_nav", "busy_tn"), ("duel", "busy_du")))
+    assert f"the pack's `busy_*`): {busy}." in text
 
 
 def test_the_learning_parity_table_remakes_from_its_pack():
