@@ -13,16 +13,19 @@ from bench import bucket_study as study
 from bench import packs
 
 ROOT = Path(__file__).resolve().parents[1]
-KEPT = ROOT / "bench" / "results" / "bucket_study_full"
 
 
-@pytest.mark.parametrize("pack, evals, table", [("runs.jsonl.gz", "eval_vs.json", "table.md"),
-                                                ("runs.jsonl.gz", "eval_vs_200.json", "table_200.md"),
-                                                ("holdout/runs.jsonl.gz", "eval_vs.json", "holdout/table.md")])
-def test_the_bucket_study_tables_remake_from_the_pack(pack, evals, table):
-    md, rows = study.table(study.load(KEPT / pack, evals))
-    assert md == (KEPT / table).read_text()
-    assert rows == json.loads((KEPT / table).with_suffix(".json").read_text())
+@pytest.mark.parametrize("folder, pack, evals, table", [
+    ("bucket_study_full", "runs.jsonl.gz", "eval_vs.json", "table.md"),
+    ("bucket_study_full", "runs.jsonl.gz", "eval_vs_200.json", "table_200.md"),
+    ("bucket_study_full", "holdout/runs.jsonl.gz", "eval_vs.json", "holdout/table.md"),
+    ("bucket_hard_gamma", "runs.jsonl.gz", "eval_vs.json", "table.md"),
+    ("bucket_hard_budget", "runs.jsonl.gz", "eval_vs.json", "table.md")])
+def test_the_bucket_study_tables_remake_from_the_pack(folder, pack, evals, table):
+    kept = ROOT / "bench" / "results" / folder
+    md, rows = study.table(study.load(kept / pack, evals))
+    assert md == (kept / table).read_text()
+    assert rows == json.loads((kept / table).with_suffix(".json").read_text())
 
 
 def test_a_pack_holds_every_run_file_and_reads_back_as_the_folder(tmp_path):
