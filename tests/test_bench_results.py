@@ -128,6 +128,21 @@ def test_the_vmas_default_budget_table_reads_its_pack():
         assert round(kept[name]["eval_benchmarl.json"]["return"], places) == float(cell.replace(",", "")), name
 
 
+def test_the_spread_table_remakes_from_its_pack():
+    """bench/mpe/spread.py over its kept pack (`--runs bench/results/spread/runs.jsonl.gz`): table.md byte for byte,
+    and table.json's every number (its runs named where they were read)."""
+    pytest.importorskip("mpe2")
+    from bench.mpe import spread
+
+    kept = VMAS / "spread"
+    out = spread.scores(spread.evaluated(kept / "runs.jsonl.gz", 100), 100, [1, 2, 3])
+    assert spread.table(out) == (kept / "table.md").read_text()
+    printed = json.loads((kept / "table.json").read_text())
+    assert out["trained"].pop("runs") == [f"{kept / 'runs.jsonl.gz'}:s{seed}" for seed in (1, 2, 3)]
+    printed["trained"].pop("runs")  # the folders the runs were read from when it was made
+    assert out == printed
+
+
 def test_the_compile_table_reads_its_pack():
     """docs/BENCHMARKS.md's `--compile` table (What `--compile` captures) is written by hand from each run's
     `phalanx bench suite --json` report, packed in bench/results/compile-28/runs.jsonl.gz: every rate, ratio, median

@@ -3,10 +3,13 @@ a hand-written assignment heuristic and random play, scored as Phalanx scores a 
 
     python -m bench.mpe.spread --episodes 100 --seeds 1 2 3
     python -m bench.mpe.spread --runs runs/spread-s1 runs/spread-s2 runs/spread-s3 --out bench/results/spread/table
+    python -m bench.packs runs/spread bench/results/spread/runs.jsonl.gz --runs '*/eval_spread.json'   # to keep
+    python -m bench.mpe.spread --runs bench/results/spread/runs.jsonl.gz --out bench/results/spread/table
 
 With `--runs`, each trained run is scored too: `phalanx eval RUN --episodes E --json` (greedy; kept as
 RUN/eval_spread.json), each seed's mean per-agent return, and the mean over seeds with a 95% stratified bootstrap
-(seeds resampled, then each seed's episodes).
+(seeds resampled, then each seed's episodes). A run given may be a pack of runs (bench/packs.py: each run's
+config.json and eval_spread.json), read as its folders were.
 
 Each agent of the heuristic reads only its own observation ([own velocity, own position, landmarks relative to it,
 the other agents relative to it, communication]): it rebuilds the whole layout around itself, finds the
@@ -31,6 +34,8 @@ from typing import Any
 
 import numpy as np
 from mpe2 import simple_spread_v3
+
+from bench import packs
 
 N = 3
 # mpe2's discrete moves: 0 none, 1 left (-x), 2 right (+x), 3 down (-y), 4 up (+y).
@@ -95,8 +100,11 @@ def interval(values: np.ndarray, reps: int = 4000, seed: int = 0) -> tuple[float
     return float(lo), float(hi)
 
 
-def run_returns(run: Path, episodes: int) -> np.ndarray:
-    """A trained run's greedy per-agent returns, episode by episode (RUN/eval_spread.json, made where missing)."""
+def evaluated(run: Path, episodes: int) -> list[tuple[str, dict, dict]]:
+    """(name, config, greedy evaluation) of a trained run (RUN/eval_spread.json, made where missing), or of each
+    run of a pack."""
+    if packs.is_pack(run):
+        return [(f"{run}:{r['name']}", r["config.json"], r["eval_spread.json"]) for r in packs.runs(run)]
     out = run / "eval_spread.json"
     if not out.exists():
         cmd = [sys.executable, "-m", "phalanx", "eval", str(run), "--episodes", str(episodes), "--torch-threads", "1",
@@ -105,9 +113,12 @@ def run_returns(run: Path, episodes: int) -> np.ndarray:
         if done.returncode != 0:
             raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr.strip()}")
         out.write_text(done.stdout)
-    result = json.loads(out.read_text())
+    return [(str(run), json.loads((run / "config.json").read_text()), json.loads(out.read_text()))]
+
+
+def agent_returns(evaluation: dict) -> np.ndarray:
     # The env's team return summed over the 3 agents: a per-agent return is its third.
-    return np.asarray(result["episode_returns"], dtype=float) / N
+    return np.asarray(evaluation["episode_returns"], dtype=float) / N
 
 
 def stratified_interval(groups: list[np.ndarray], reps: int = 4000, seed: int = 0) -> tuple[float, float]:
@@ -120,41 +131,52 @@ def stratified_interval(groups: list[np.ndarray], reps: int = 4000, seed: int = 
     return float(lo), float(hi)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--episodes", type=int, default=100, help="episodes per seed")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    ap.add_argument("--json", action="store_true", help="print JSON")
-    ap.add_argument("--runs", type=Path, nargs="*", default=[], help="trained runs of simple_spread to score as well")
-    ap.add_argument("--out", type=Path, help="with --runs: write OUT.md and OUT.json")
-    args = ap.parse_args()
+def scores(trained: list[tuple[str, dict, dict]], episodes: int, seeds: list[int]) -> dict:
+    """The trained runs' score (`evaluated`; none: no row) and the heuristic's and random play's over `seeds`."""
     out = {}
-    if args.runs:
-        groups = [run_returns(r, args.episodes) for r in args.runs]
-        configs = [json.loads((r / "config.json").read_text()) for r in args.runs]
+    if trained:
+        groups = [agent_returns(e) for _, _, e in trained]
+        configs = [c for _, c, _ in trained]
         lo, hi = stratified_interval(groups)
         out["trained"] = {"mean_agent_return": float(np.mean([g.mean() for g in groups])), "ci95": [lo, hi],
                           "per_seed": {str(c["seed"]): float(g.mean()) for c, g in zip(configs, groups)},
                           "episodes": int(sum(len(g) for g in groups)), "seeds": [c["seed"] for c in configs],
-                          "runs": [str(r) for r in args.runs]}
+                          "runs": [name for name, _, _ in trained]}
     for team in ("heuristic", "random"):
-        returns = np.concatenate([play(team, args.episodes, s) for s in args.seeds])
+        returns = np.concatenate([play(team, episodes, s) for s in seeds])
         lo, hi = interval(returns)
         out[team] = {"mean_agent_return": float(returns.mean()), "ci95": [lo, hi], "episodes": len(returns),
-                     "seeds": args.seeds}
-    if args.json:
-        print(json.dumps(out))
-        return
+                     "seeds": seeds}
+    return out
+
+
+def table(out: dict) -> str:
     lines = ["| team | per-agent return [95% interval] | per seed | episodes |", "|---|---|---|---|"]
     for team, r in out.items():
         per_seed = ", ".join(f"{v:.2f}" for v in r["per_seed"].values()) if "per_seed" in r else "-"
         lines.append(f"| {team} | {r['mean_agent_return']:.2f} [{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}] | {per_seed} | "
                      f"{r['episodes']} (seeds {', '.join(map(str, r['seeds']))}) |")
-    table = "\n".join(lines) + "\n"
-    print(table, end="")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--episodes", type=int, default=100, help="episodes per seed")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--json", action="store_true", help="print JSON")
+    ap.add_argument("--runs", type=Path, nargs="*", default=[],
+                    help="trained runs of simple_spread to score as well (run folders, or packs of them)")
+    ap.add_argument("--out", type=Path, help="with --runs: write OUT.md and OUT.json")
+    args = ap.parse_args()
+    out = scores([run for given in args.runs for run in evaluated(given, args.episodes)], args.episodes, args.seeds)
+    if args.json:
+        print(json.dumps(out))
+        return
+    table_md = table(out)
+    print(table_md, end="")
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.with_suffix(".md").write_text(table)
+        args.out.with_suffix(".md").write_text(table_md)
         args.out.with_suffix(".json").write_text(json.dumps(out, indent=1) + "\n")
 
 
