@@ -1,9 +1,11 @@
-"""Kept results packed: a study's run folders (each folder's JSON files: config.json, its evaluations, its summary)
-as one gzipped JSON line a run, so that a study keeps one file where it kept a folder per run (issue 64).
+"""Kept results packed: a study's run folders (each folder's JSON files: config.json, its evaluations, its summary;
+and a JSON-lines file such as metrics.jsonl where asked) as one gzipped JSON line a run, so that a study keeps one
+file where it kept a folder per run (issue 64).
 
     python -m bench.packs DIR PACK.jsonl.gz     # the run folders under DIR (the folders holding a config.json)
     python -m bench.packs DIR PACK.jsonl.gz --runs '*/result.json'    # DIR's folders holding a result.json
     python -m bench.packs DIR PACK.jsonl.gz --runs '*/sweep.json' --files '*.json' --files 'eval/*.json'
+    python -m bench.packs DIR PACK.jsonl.gz --files '*.json' --files metrics.jsonl   # with each run's curve: its rows
 
 `runs(PACK)` reads the lines back as {"name", and each file by name}; `unpacked(PACK)` writes them back as folders in a
 temporary directory, for the study scripts that read run folders (bench/games/study.py). A pack of the same runs is
@@ -29,14 +31,29 @@ RUNS = "**/config.json"  # a run folder: one holding a config.json, at any depth
 FILES = ("*.json",)  # what of a run folder is kept: its JSON files
 
 
+def read(path: Path) -> object:
+    """A kept file's content: a JSON file's value, or a JSON-lines file's rows as a list."""
+    if path.suffix == ".jsonl":
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return json.loads(path.read_text())
+
+
+def text(name: str, content: object) -> str:
+    """A kept file written out again: JSON-lines rows one a line, as a run writes them; JSON indented."""
+    if name.endswith(".jsonl"):
+        return "".join(json.dumps(row) + "\n" for row in content)
+    return json.dumps(content, indent=1) + "\n"
+
+
 def runs(root: Path, marker: str = RUNS, files: tuple[str, ...] = FILES) -> list[dict]:
-    """Every run of a study: {"name", and each of its JSON files by its path in the run folder}, from a pack or from a
-    folder of run folders (the folders holding a file that `marker`, a glob under `root`, matches: by default any
-    depth's config.json; in name order; of each, the files that a glob of `files` matches: by default its JSON files)."""
+    """Every run of a study: {"name", and each of its files by its path in the run folder (`read`)}, from a pack or
+    from a folder of run folders (the folders holding a file that `marker`, a glob under `root`, matches: by default
+    any depth's config.json; in name order; of each, the files that a glob of `files` matches: by default its JSON
+    files)."""
     if is_pack(root):
         with gzip.open(root, "rt") as f:
             return [json.loads(line) for line in f]
-    return [{"name": d.name, **{p.relative_to(d).as_posix(): json.loads(p.read_text())
+    return [{"name": d.name, **{p.relative_to(d).as_posix(): read(p)
                                 for p in sorted({p for glob in files for p in d.glob(glob)})}}
             for d in sorted({p.parent for p in root.glob(marker)})]
 
@@ -60,7 +77,7 @@ def unpacked(pack_path: Path) -> Iterator[list[Path]]:
             for name, content in run.items():
                 if name != "name":
                     (d / name).parent.mkdir(parents=True, exist_ok=True)
-                    (d / name).write_text(json.dumps(content, indent=1) + "\n")
+                    (d / name).write_text(text(name, content))
             dirs.append(d)
         yield dirs
 

@@ -34,9 +34,15 @@ def test_a_pack_holds_every_run_file_and_reads_back_as_the_folder(tmp_path):
         run.mkdir(parents=True)
         (run / "config.json").write_text(json.dumps({"seed": seed, "env_options": {"scenario": "default"}}))
         (run / "eval_vs.json").write_text(json.dumps({"learned": {"mean_return": float(seed)}}))
+        (run / "metrics.jsonl").write_text("".join(json.dumps({"step": 64 * k, "loss": 0.1 / k}) + "\n" for k in (1, 2)))
     packs.pack(tmp_path / "runs", tmp_path / "p.jsonl.gz")
     assert packs.runs(tmp_path / "p.jsonl.gz") == packs.runs(tmp_path / "runs")
     assert [r["name"] for r in packs.runs(tmp_path / "p.jsonl.gz")] == ["c000-s1", "c001-s2"]
+    assert "metrics.jsonl" not in packs.runs(tmp_path / "p.jsonl.gz")[0]  # JSON files only, unless asked
+    packs.pack(tmp_path / "runs", tmp_path / "curves.jsonl.gz", files=("*.json", "metrics.jsonl"))
+    with packs.unpacked(tmp_path / "curves.jsonl.gz") as runs:
+        for run in runs:
+            assert (run / "metrics.jsonl").read_bytes() == (tmp_path / "runs" / run.name / "metrics.jsonl").read_bytes()
     first = (tmp_path / "p.jsonl.gz").read_bytes()
     packs.pack(tmp_path / "runs", tmp_path / "p.jsonl.gz")
     assert (tmp_path / "p.jsonl.gz").read_bytes() == first  # no timestamp: the same runs, the same bytes
@@ -126,6 +132,10 @@ def test_the_vmas_default_budget_table_reads_its_pack():
     for name, cell in zip(DEFAULT_BUDGET, cells):
         places = len(cell.split(".")[1]) if "." in cell else 0
         assert round(kept[name]["eval_benchmarl.json"]["return"], places) == float(cell.replace(",", "")), name
+    curves = {name: run["metrics.jsonl"] for name, run in kept.items() if "metrics.jsonl" in run}
+    assert sorted(curves) == ["transport-defaults-1", "transport-defaults-2", "transport-defaults-3",
+                              "transport-unit-noise-3"]  # the README's runs kept with their training curve
+    assert all(rows[-1]["step"] >= 10_000_000 for rows in curves.values())
 
 
 def test_the_spread_table_remakes_from_its_pack():
