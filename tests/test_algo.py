@@ -21,9 +21,10 @@ from torch import nn
 from phalanx.algo import (
     Adam,
     PPOBatch,
-    PPOParams,
     RewardScaler,
     RunningMeanStd,
+    StepParams,
+    UpdateParams,
     adam_update,
     compute_gae,
     explained_variance,
@@ -43,9 +44,9 @@ from phalanx.models.mlp import ActionHead, MLPActorCritic
 F64 = torch.float64
 
 
-def ppo_params(**kw) -> PPOParams:
-    """The update's hyperparameters: the config's defaults, with `kw` in their place."""
-    return params_of(PPOParams, Config(**kw))
+def ppo_params(**kw) -> StepParams:
+    """A minibatch step's settings: the config's defaults, with `kw` in their place."""
+    return params_of(StepParams, Config(**kw))
 
 
 def losses(newlp, ent, newv, batch, clip_coef=0.2, vf_coef=0.5, ent_coef=0.0, **kw):
@@ -54,8 +55,9 @@ def losses(newlp, ent, newv, batch, clip_coef=0.2, vf_coef=0.5, ent_coef=0.0, **
 
 
 def update(evaluate, model, optimizer, batch, generator=None, **kw):
-    hp = ppo_params(**kw)
-    return ppo_update(minibatch_step(evaluate, optimizer, hp), batch, hp, generator=generator)
+    cfg = Config(**kw)
+    return ppo_update(minibatch_step(evaluate, optimizer, params_of(StepParams, cfg)), batch,
+                      params_of(UpdateParams, cfg), generator=generator)
 
 
 def t64(x) -> torch.Tensor:

@@ -14,7 +14,7 @@ import torch
 from gae_reference import forward_reference, pending_reference
 
 import phalanx
-from phalanx.algo import PPOBatch, PPOParams, compute_gae, minibatch_step, pending_bootstrap, ppo_update
+from phalanx.algo import PPOBatch, StepParams, UpdateParams, compute_gae, minibatch_step, pending_bootstrap, ppo_update
 from phalanx.config import Config, params_of, parse_text_layer, resolve
 from phalanx.distributed import Dist
 from phalanx.envs import registry
@@ -22,11 +22,6 @@ from phalanx.envs.spaces import Discrete
 from phalanx.errors import ConfigError
 from phalanx.models.mlp import MLPActorCritic
 from phalanx.trainer import Trainer
-
-
-def ppo_params(**kw) -> PPOParams:
-    """The update's hyperparameters: the config's defaults, with `kw` in their place."""
-    return params_of(PPOParams, Config(**kw))
 
 
 F64 = torch.float64
@@ -238,8 +233,9 @@ def test_minibatch_remainder_is_spread_not_dropped():
         return lp, ent, model.value(part.critic_obs)
 
     params = list(model.parameters())
-    hp = ppo_params(num_epochs=3, num_minibatches=M)
-    ppo_update(minibatch_step(evaluate, torch.optim.Adam(params), hp), batch, hp, generator=torch.Generator().manual_seed(1))
+    cfg = Config(num_epochs=3, num_minibatches=M)
+    ppo_update(minibatch_step(evaluate, torch.optim.Adam(params), params_of(StepParams, cfg)), batch,
+               params_of(UpdateParams, cfg), generator=torch.Generator().manual_seed(1))
     assert len(seen) == 3 * M
     assert sorted(len(s) for s in seen[:M]) == [6, 6, 7, 7]
     for e in range(3):

@@ -318,19 +318,19 @@ def test_a_minibatch_whose_activations_do_not_fit_runs_in_pieces_and_says_so(tmp
     roomy = Trainer(resolve(dict(WIDE, run_dir=str(tmp_path / "a"))))
     try:
         evaluate = BatchEvaluator(roomy.run.model, contextlib.nullcontext, roomy.run.buffer)  # the update's forward (fp32)
-        need, rows = budget.minibatch_activations(evaluate, roomy.run.buffer, 1, roomy.run.hp, roomy.run.params, None)
-        assert roomy.run.hp.update_chunks == 1 and rows == 64 * 128
+        need, rows = budget.minibatch_activations(evaluate, roomy.run.buffer, 1, roomy.run.step_hp, roomy.run.params, None)
+        assert roomy.run.step_hp.update_chunks == 1 and rows == 64 * 128
         b, shape = roomy.run.buffer, (128, 64, 1)
         zeros = torch.zeros(shape)
         batch = b.ppo_batch(zeros, zeros, zeros, torch.ones(shape, dtype=torch.bool), None)
-        whole = saved_bytes(evaluate, batch.index(torch.arange(rows)), roomy.run.hp, roomy.run.params)
+        whole = saved_bytes(evaluate, batch.index(torch.arange(rows)), roomy.run.step_hp, roomy.run.params)
         assert abs(need / 2 - whole) <= 0.05 * whole, (need, whole)
     finally:
         roomy.close()
     monkeypatch.setattr(devices, "free_memory_bytes", lambda device: int(need / 3 / 0.8) + 1)
     t = Trainer(resolve(dict(WIDE, progress=True, run_dir=str(tmp_path / "b"))))
     try:
-        assert t.run.hp.update_chunks == 3
+        assert t.run.step_hp.update_chunks == 3
         assert "each minibatch runs in 3 pieces (update_chunks), the same update" in capsys.readouterr().err
         t.collect()
         before = [p.detach().clone() for p in t.run.model.parameters()]
@@ -343,7 +343,7 @@ def test_a_minibatch_whose_activations_do_not_fit_runs_in_pieces_and_says_so(tmp
     monkeypatch.setattr(budget, "CPU_PIECE_BYTES", need // 2 + 1)
     for chunks, expected, name in ((0, 2, "c"), (5, 5, "d")):
         t = Trainer(resolve(dict(WIDE, update_chunks=chunks, run_dir=str(tmp_path / name))))
-        assert t.run.hp.update_chunks == expected
+        assert t.run.step_hp.update_chunks == expected
         t.close()
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from phalanx.algo import GAEParams, PPOParams
+from phalanx.algo import GAEParams, StepParams, UpdateParams
 from phalanx.config import FIELDS, params_of, resolve
 from phalanx.envs import make, registry
 from phalanx.model_kinds import KINDS
@@ -241,14 +241,14 @@ def test_model_names_are_written_in_one_place():
 
 
 def test_every_hyperparameter_object_field_is_a_config_key():
-    """PPOParams and GAEParams are filled from the config by their fields' names (config.params_of): no list of keys
+    """The settings objects are filled from the config by their fields' names (config.params_of): no list of keys
     is copied by hand, and a field without a key would fail here rather than silently keep its default."""
-    for cls in (PPOParams, GAEParams):
+    for cls in (StepParams, UpdateParams, GAEParams):
         missing = [f.name for f in dataclasses.fields(cls) if f.name not in FIELDS]
         assert not missing, (cls.__name__, missing)
     cfg = resolve({"env": "cartpole", "clip_coef": 0.3, "gamma": 0.97, "target_kl": 0.02, "vf_clip_coef": 0.5})
-    hp, gae = params_of(PPOParams, cfg), params_of(GAEParams, cfg)
-    assert (hp.clip_coef, hp.target_kl, hp.vf_clip_coef, gae.gamma) == (0.3, 0.02, 0.5, 0.97)
+    step, update, gae = params_of(StepParams, cfg), params_of(UpdateParams, cfg), params_of(GAEParams, cfg)
+    assert (step.clip_coef, update.target_kl, step.vf_clip_coef, gae.gamma) == (0.3, 0.02, 0.5, 0.97)
 
 
 def test_config_model_choices_are_the_registered_models():

@@ -10,7 +10,7 @@ import sys
 import torch
 
 from phalanx import devices
-from phalanx.algo import PPOParams, saved_bytes
+from phalanx.algo import StepParams, saved_bytes
 from phalanx.algo.ppo import EvaluateFn
 from phalanx.buffer import RolloutBuffer, buffer_bytes, buffer_specs
 from phalanx.config import Config
@@ -69,7 +69,7 @@ def check_memory(cfg: Config, env: VecEnv, record: StepRecord, model: ActorCriti
     return most
 
 
-def minibatch_activations(evaluate: EvaluateFn, buffer: RolloutBuffer, num_minibatches: int, hp: PPOParams,
+def minibatch_activations(evaluate: EvaluateFn, buffer: RolloutBuffer, num_minibatches: int, hp: StepParams,
                           params: list[torch.Tensor], slots: torch.Tensor | None) -> tuple[int, int]:
     """(bytes, rows) of one minibatch's activations at its peak: autograd's saved tensors (`saved_bytes`)
     per row, measured on 8 and 16 rows of the (still empty) rollout `buffer` so that what does not grow with

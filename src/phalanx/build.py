@@ -21,7 +21,7 @@ import torch
 
 from phalanx import budget, devices, graphs, runs
 from phalanx import checkpoint as ckpt
-from phalanx.algo import Adam, Normalizers, PPOParams, compile_step, minibatch_step
+from phalanx.algo import Adam, Normalizers, StepParams, UpdateParams, compile_step, minibatch_step
 from phalanx.algo.ppo import StepFn
 from phalanx.buffer import BatchEvaluator, RolloutBuffer
 from phalanx.config import Config, params_of
@@ -66,8 +66,9 @@ class Run:
     buffer: RolloutBuffer
     params: list[torch.Tensor]  # the trained parameters
     optimizer: Adam  # its `lr` is the learning rate now (`set_lr` changes it)
-    hp: PPOParams
+    step_hp: StepParams  # the settings `update_step` holds (update_chunks as chosen where the config left it 0)
     update_step: StepFn  # one minibatch's update (`algo.minibatch_step`; compiled or a CUDA graph where asked)
+    update_hp: UpdateParams  # the epochs of minibatch steps an update runs (`algo.ppo_update`)
     update_compiled: bool
     update_slots: torch.Tensor | None  # the slots the update trains where it may leave the others out
 
@@ -183,11 +184,11 @@ def _build(cfg: Config, run_dir: Path | None, resume: bool, dist: Dist, parts: d
     rollout = Rollout(cfg, env, model, buffer, norms, learner, gen, act_value, amp, timer, teammates, league,
                       seed=env_seed, mode=mode, steps=graphs.CapturedSteps if mode.captured else None)
     evaluate = BatchEvaluator(model, amp, buffer)
-    hp = params_of(PPOParams, cfg)
+    step_hp = params_of(StepParams, cfg)
     if not cfg.update_chunks:
-        need, rows = budget.minibatch_activations(evaluate, buffer, cfg.num_minibatches, hp, params, update_slots)
-        hp = replace(hp, update_chunks=budget.auto_chunks(need, rows, device, announce))
-    step = minibatch_step(evaluate, optimizer, hp, sync_grads=dist.average_grads if dist.enabled else None)
+        need, rows = budget.minibatch_activations(evaluate, buffer, cfg.num_minibatches, step_hp, params, update_slots)
+        step_hp = replace(step_hp, update_chunks=budget.auto_chunks(need, rows, device, announce))
+    step = minibatch_step(evaluate, optimizer, step_hp, sync_grads=dist.average_grads if dist.enabled else None)
     if cfg.compile:
         # Shapes are fixed for the whole run (num_envs, minibatch sizes), so each compiles once (twice
         # where a remainder makes two minibatch sizes); the rollout step is captured by its mode (above).
@@ -210,5 +211,5 @@ def _build(cfg: Config, run_dir: Path | None, resume: bool, dist: Dist, parts: d
     dist.barrier()
     return Run(cfg=cfg, dist=dist, device=device, main=main, run_dir=run_dir, resume=resume, lock=lock, threads=threads,
                timer=timer, most_envs=fits, env=env, model=model, norms=norms, gen=gen, league=league, rollout=rollout,
-               buffer=buffer, params=params, optimizer=optimizer, hp=hp,
-               update_step=step, update_compiled=cfg.compile, update_slots=update_slots)
+               buffer=buffer, params=params, optimizer=optimizer, step_hp=step_hp,
+               update_step=step, update_hp=params_of(UpdateParams, cfg), update_compiled=cfg.compile, update_slots=update_slots)

@@ -106,7 +106,7 @@ class Trainer:
             batch = self.run.buffer.ppo_batch(adv, ret, values, None if every else trained, self.run.update_slots)
             if not every and self.run.rollout.host_branches and not self.run.update_compiled:
                 batch = batch.trained_rows()
-            metrics = ppo_update(self.run.update_step, batch, self.run.hp, generator=self.run.gen,
+            metrics = ppo_update(self.run.update_step, batch, self.run.update_hp, generator=self.run.gen,
                                  sync_mean=self.run.dist.mean if self.run.dist.enabled else None)
         self._last_batch = batch
         return metrics
@@ -242,7 +242,7 @@ class Trainer:
     def _hint(self) -> None:
         """Print each hint the history calls for (logs.py: value and gradient clipping), once a run."""
         cfg = self.run.cfg
-        hints = {"value_clip": lambda: value_clip_hint(self.history, self.run.hp.value_clip, cfg.norm_value),
+        hints = {"value_clip": lambda: value_clip_hint(self.history, self.run.step_hp.value_clip, cfg.norm_value),
                  "grad_clip": lambda: grad_clip_hint(self.history, cfg.max_grad_norm, cfg.norm_value,
                                                      cfg.num_epochs * cfg.num_minibatches)}
         for name, hint in hints.items():

@@ -88,7 +88,7 @@ def bench_trainer(
         rolled = measure(trainer.collect, agent_steps, seconds, trainer.run.device) if rollout else None
         train = measure(trainer.iteration, agent_steps, seconds, trainer.run.device)
         train["most_envs"] = trainer.run.most_envs  # what fits in the device's free memory, by the trainer's own check
-        train["update_chunks"] = trainer.run.hp.update_chunks
+        train["update_chunks"] = trainer.run.step_hp.update_chunks
     return rolled, train
 
 

@@ -5,7 +5,8 @@ from phalanx.algo.gae import GAEParams, compute_gae, pending_bootstrap
 from phalanx.algo.normalize import Normalizers, RewardScaler, RunningMeanStd, model_input, normalised_values
 from phalanx.algo.ppo import (
     PPOBatch,
-    PPOParams,
+    StepParams,
+    UpdateParams,
     compile_step,
     explained_variance,
     masked_mean,
@@ -16,7 +17,7 @@ from phalanx.algo.ppo import (
 )
 
 __all__ = [
-    "Adam", "GAEParams", "Normalizers", "PPOBatch", "PPOParams", "RewardScaler", "RunningMeanStd", "compute_gae",
-    "explained_variance", "adam_update", "compile_step", "masked_mean", "minibatch_step", "model_input",
+    "Adam", "GAEParams", "Normalizers", "PPOBatch", "RewardScaler", "RunningMeanStd", "StepParams", "UpdateParams",
+    "adam_update", "compile_step", "compute_gae", "explained_variance", "masked_mean", "minibatch_step", "model_input",
     "normalised_values", "pending_bootstrap", "ppo_losses", "ppo_update", "saved_bytes",
 ]

@@ -14,12 +14,10 @@ from phalanx.consts import constant
 
 
 @dataclass(frozen=True)
-class PPOParams:
-    """The hyperparameters of one PPO update: the config keys of the same names, whose defaults and meanings
-    config.py holds (`config.params_of` fills them)."""
+class StepParams:
+    """The settings of one minibatch step (`minibatch_step`: its losses, the gradient clip, the pieces it runs in):
+    the config keys of the same names, whose defaults and meanings config.py holds (`config.params_of` fills them)."""
 
-    num_epochs: int
-    num_minibatches: int  # a remainder of the rows is spread, one row each, over the first minibatches
     clip_coef: float
     vf_coef: float
     ent_coef: float
@@ -27,13 +25,22 @@ class PPOParams:
     clip_vloss: bool
     vf_clip_coef: float
     norm_adv: bool
-    target_kl: float
     update_chunks: int  # 0 or 1: whole minibatches
 
     @property
     def value_clip(self) -> float:
         """How far a value may move from the one at collection before its loss is clipped (with `clip_vloss`)."""
         return self.vf_clip_coef or self.clip_coef
+
+
+@dataclass(frozen=True)
+class UpdateParams:
+    """The epochs of one update (`ppo_update`: how its batch is cut into minibatch steps, when it stops early): the
+    config keys of the same names, whose defaults and meanings config.py holds (`config.params_of` fills them)."""
+
+    num_epochs: int
+    num_minibatches: int  # a remainder of the rows is spread, one row each, over the first minibatches
+    target_kl: float
 
 
 class LossNorms(NamedTuple):
@@ -143,7 +150,7 @@ def ppo_losses(
     entropy: torch.Tensor,
     new_values: torch.Tensor,
     batch: PPOBatch,
-    hp: PPOParams,
+    hp: StepParams,
     norms: LossNorms | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The clipped surrogate, (optionally clipped) value loss and entropy bonus on one batch; the
@@ -213,7 +220,7 @@ def ppo_losses(
     }
 
 
-def saved_bytes(evaluate: EvaluateFn, part: PPOBatch, hp: PPOParams, params: list[torch.Tensor]) -> int:
+def saved_bytes(evaluate: EvaluateFn, part: PPOBatch, hp: StepParams, params: list[torch.Tensor]) -> int:
     """Bytes autograd keeps for the backward of `part`'s losses (the parameters left out): the activations a
     minibatch step holds at its peak, measured by running the forward once with nothing kept after."""
     own = {p.untyped_storage().data_ptr() for p in params}
@@ -245,7 +252,7 @@ StepFn = Callable[[PPOBatch, torch.Tensor], dict[str, torch.Tensor]]
 def minibatch_step(
     evaluate: EvaluateFn,
     optimizer: AdamState,
-    hp: PPOParams,
+    hp: StepParams,
     sync_grads: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None = None,
 ) -> StepFn:
     """The update of one minibatch as one function of it: forward and losses, backward, the
@@ -325,7 +332,7 @@ def compile_step(step: StepFn, **options) -> StepFn:
 def ppo_update(
     step: StepFn,
     batch: PPOBatch,
-    hp: PPOParams,
+    hp: UpdateParams,
     *,
     generator: torch.Generator | None = None,
     sync_mean: Callable[[torch.Tensor], torch.Tensor] | None = None,
