@@ -22,7 +22,7 @@ SMALL = dict(num_envs=3, num_steps=5, num_minibatches=1, hidden_sizes=[8], lstm_
 def _buffer(**kw) -> tuple[RolloutBuffer, object]:
     cfg = resolve({**SMALL, **kw})
     env = make(cfg.env, num_envs=cfg.num_envs, seed=0, **cfg.env_options)
-    return RolloutBuffer(cfg, env, build_model(cfg, env)), env
+    return RolloutBuffer(cfg.num_steps, env, build_model(cfg, env)), env
 
 
 @pytest.mark.parametrize("kw, present, absent", [
@@ -47,7 +47,7 @@ def test_fields_follow_the_model_the_critic_and_the_frame_stack(kw, present, abs
         assert buffer["frames"].shape[0] == T + env.frame_stack - 1 and buffer["frames"].dtype == torch.uint8
     # What the memory check counts is what the buffer holds.
     cfg = resolve({**SMALL, **kw})
-    assert buffer_bytes(buffer_specs(cfg, env, build_model(cfg, env))) == sum(
+    assert buffer_bytes(buffer_specs(cfg.num_steps, env, build_model(cfg, env))) == sum(
         t.numel() * t.element_size() for t in buffer.values())
     env.close()
 

@@ -4,7 +4,6 @@ import contextlib
 import json
 import math
 import re
-from dataclasses import replace
 
 import pytest
 import torch
@@ -304,7 +303,7 @@ def test_an_impossible_num_envs_is_refused_before_the_env_is_built(tmp_path, mon
     cfg = resolve(dict(env="cartpole", total_steps=10**10))
     probe = make("cartpole", num_envs=4)
     model = build_model(cfg, probe)
-    need = lambda n: sum(run_bytes(replace(cfg, num_envs=n), probe, probe.reset(seed=1), model).values())  # noqa: E731
+    need = lambda n: sum(run_bytes(n, cfg.num_steps, probe, probe.reset(seed=1), model).values())  # noqa: E731
     assert need(most) <= 0.8 * (8 << 30) < need(most + 1)
 
 
@@ -365,7 +364,7 @@ def test_the_memory_estimate_from_a_few_envs_matches_the_built_run(tmp_path, ove
     t = Trainer(cfg)
     try:
         probe = make(cfg.env, num_envs=4, seed=1, **cfg.env_options)
-        need = run_bytes(cfg, probe, probe.reset(seed=1), t.run.model)
+        need = run_bytes(cfg.num_envs, cfg.num_steps, probe, probe.reset(seed=1), t.run.model)
         held = sum(b.numel() * b.element_size() for b in t.run.buffer.values())
         assert need["rollout buffer"] == held
         full = list(t.run.env.step_state().values()) + list(t.run.env.reset(seed=1).tensors().values())

@@ -25,7 +25,7 @@ def test_uint8_buffers_and_memory_estimate(tmp_path):
     try:
         frames = t.run.buffer["frames"]  # a 4-frame stack: each frame stored once, 8 steps + 3 older frames
         assert "obs" not in t.run.buffer and frames.dtype == torch.uint8 and frames.shape == (8 + 3, 4, 1, 72, 80)
-        assert buffer_bytes(buffer_specs(t.run.cfg, t.run.env, t.run.model)) == sum(b.numel() * b.element_size() for b in t.run.buffer.values())
+        assert buffer_bytes(buffer_specs(t.run.cfg.num_steps, t.run.env, t.run.model)) == sum(b.numel() * b.element_size() for b in t.run.buffer.values())
         stats = t.collect()
         assert int(t.run.buffer["frames"].max()) <= 3 and int(t.run.buffer["frames"].max()) > 0
         assert torch.isfinite(stats["ep_return_sum"])
@@ -140,7 +140,7 @@ def test_the_stored_frames_take_a_quarter_of_the_stacks_bytes(tmp_path):
     cfg = resolve(dict(env="pixel_goal", num_envs=65_536, total_steps=10**12, run_dir=str(tmp_path / "r")))
     env = make("pixel_goal", num_envs=4)
     model = build_model(cfg, env)
-    frames = buffer_bytes(buffer_specs(cfg, env, model, cfg.num_envs))
+    frames = buffer_bytes(buffer_specs(cfg.num_steps, env, model, cfg.num_envs))
     whole = cfg.num_steps * cfg.num_envs * 4 * 72 * 80  # the uint8 stacks alone, as stored before
     rest = frames - (cfg.num_steps + 3) * cfg.num_envs * 72 * 80
     assert frames <= (whole + rest) / 3.5 and frames / 2**20 <= 52_000

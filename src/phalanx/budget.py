@@ -3,7 +3,6 @@ memory before anything large is built, the most envs that fit, and the pieces a 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import sys
 
@@ -13,7 +12,6 @@ from phalanx import devices
 from phalanx.algo import StepParams, saved_bytes
 from phalanx.algo.ppo import EvaluateFn
 from phalanx.buffer import RolloutBuffer, buffer_bytes, buffer_specs
-from phalanx.config import Config
 from phalanx.envs.base import StepRecord, VecEnv
 from phalanx.errors import ConfigError
 from phalanx.models.protocol import ActorCritic
@@ -24,48 +22,49 @@ from phalanx.models.protocol import ActorCritic
 CPU_PIECE_BYTES = 128 * 2**20
 
 
-def most_envs(cfg: Config, env: VecEnv, record: StepRecord, model: ActorCritic, budget: float) -> int:
-    """The largest num_envs whose `run_bytes` fit in `budget` bytes (they grow linearly with num_envs)."""
-    total = lambda n: sum(run_bytes(dataclasses.replace(cfg, num_envs=n), env, record, model).values())  # noqa: E731
+def most_envs(num_envs: int, num_steps: int, env: VecEnv, record: StepRecord, model: ActorCritic, budget: float) -> int:
+    """The largest num_envs whose `run_bytes` (rollouts of `num_steps`) fit in `budget` bytes (they grow linearly with
+    num_envs); the run's `num_envs` where they do not grow with it."""
+    total = lambda n: sum(run_bytes(n, num_steps, env, record, model).values())  # noqa: E731
     fixed, per_env = total(0), total(1) - total(0)
-    return max(0, int((budget - fixed) // per_env)) if per_env > 0 else cfg.num_envs
+    return max(0, int((budget - fixed) // per_env)) if per_env > 0 else num_envs
 
 
-def run_bytes(cfg: Config, env: VecEnv, record: StepRecord, model: ActorCritic) -> dict[str, int]:
-    """What a run of `cfg.num_envs` envs will hold, from a copy `env` of fewer envs (and a record it returned),
-    before the full env is built: its step state and records, each tensor with a row per env scaled to
-    cfg.num_envs; the rollout buffer; the model with Adam's two moments and a gradient."""
+def run_bytes(num_envs: int, num_steps: int, env: VecEnv, record: StepRecord, model: ActorCritic) -> dict[str, int]:
+    """What a run of `num_envs` envs and rollouts of `num_steps` will hold, from a copy `env` of fewer envs (and a
+    record it returned), before the full env is built: its step state and records, each tensor with a row per env
+    scaled to num_envs; the rollout buffer; the model with Adam's two moments and a gradient."""
     try:
         tensors = list(env.step_state().values())
     except NotImplementedError:  # not capturable: its records are what is known of its size
         tensors = []
     tensors += list(record.tensors().values())
-    scale = cfg.num_envs / env.num_envs
+    scale = num_envs / env.num_envs
     env_bytes = sum(t.numel() * t.element_size() * (scale if t.dim() and t.shape[0] == env.num_envs else 1)
                     for t in tensors)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    return {"envs": int(env_bytes), "rollout buffer": buffer_bytes(buffer_specs(cfg, env, model, cfg.num_envs)),
+    return {"envs": int(env_bytes), "rollout buffer": buffer_bytes(buffer_specs(num_steps, env, model, num_envs)),
             "model and optimizer": 4 * weights}
 
 
-def check_memory(cfg: Config, env: VecEnv, record: StepRecord, model: ActorCritic, device: torch.device,
-                 announce: bool) -> int | None:
+def check_memory(num_envs: int, num_steps: int, env: VecEnv, record: StepRecord, model: ActorCritic,
+                 device: torch.device, announce: bool) -> int | None:
     """Refuse a run whose envs, buffers and model (`run_bytes`, from the env copy `env` and a record of it)
     would take more than 80% of the device's free memory, saying how many envs would fit; announce the rollout
     buffer's size. -> the largest num_envs whose buffers fit (`phalanx bench suite` reports it); None where free
     memory is unknown."""
-    need = run_bytes(cfg, env, record, model)
+    need = run_bytes(num_envs, num_steps, env, record, model)
     free = devices.free_memory_bytes(device)
     if announce:
         print(f"rollout buffer: {need['rollout buffer'] / 2**20:,.1f} MiB on {device}"
               + (f" ({free / 2**20:,.0f} MiB free)" if free is not None else ""), file=sys.stderr, flush=True)
     total = sum(need.values())
-    most = None if free is None else most_envs(cfg, env, record, model, 0.8 * free)
+    most = None if free is None else most_envs(num_envs, num_steps, env, record, model, 0.8 * free)
     if free is not None and total > 0.8 * free:
         parts = ", ".join(f"{k} {v / 2**20:,.0f}" for k, v in need.items())
         raise ConfigError(f"the run needs about {total / 2**20:,.0f} MiB ({parts}) but {device} has "
-                          f"{free / 2**20:,.0f} MiB free; lower num_envs ({cfg.num_envs}: at most {most:,} fit "
-                          f"with num_steps {cfg.num_steps}) or num_steps")
+                          f"{free / 2**20:,.0f} MiB free; lower num_envs ({num_envs}: at most {most:,} fit "
+                          f"with num_steps {num_steps}) or num_steps")
     return most
 
 

@@ -26,7 +26,6 @@ import torch
 
 from phalanx.algo.gae import GAEParams, compute_gae, pending_bootstrap
 from phalanx.algo.ppo import PPOBatch
-from phalanx.config import Config
 from phalanx.envs.base import StepRecord, VecEnv
 from phalanx.envs.spaces import Box
 from phalanx.episodes import frame_index, stack_restarts
@@ -118,11 +117,11 @@ def fields(env: VecEnv, model: ActorCritic) -> list[Field]:
     return out
 
 
-def buffer_specs(cfg: Config, env: VecEnv, model: ActorCritic,
+def buffer_specs(num_steps: int, env: VecEnv, model: ActorCritic,
                  num_envs: int | None = None) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """Name -> (shape, dtype) of every field, for `num_envs` envs (else the env's)."""
+    """Name -> (shape, dtype) of every field of a rollout of `num_steps`, for `num_envs` envs (else the env's)."""
     N = env.num_envs if num_envs is None else num_envs
-    return {f.name: (f.size(cfg.num_steps, N, env.num_agents), f.dtype) for f in fields(env, model)}
+    return {f.name: (f.size(num_steps, N, env.num_agents), f.dtype) for f in fields(env, model)}
 
 
 def buffer_bytes(specs: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> int:
@@ -130,11 +129,12 @@ def buffer_bytes(specs: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> int:
 
 
 class RolloutBuffer(Mapping[str, torch.Tensor]):
-    """A rollout's fields on the device, by name (`fields`), and what the update reads of them."""
+    """A rollout's fields on the device, by name (`fields`), a row for each of its `num_steps`, and what the update
+    reads of them."""
 
-    def __init__(self, cfg: Config, env: VecEnv, model: ActorCritic):
+    def __init__(self, num_steps: int, env: VecEnv, model: ActorCritic):
         self.fields = fields(env, model)
-        T, N, A, device = cfg.num_steps, env.num_envs, env.num_agents, env.device
+        T, N, A, device = num_steps, env.num_envs, env.num_agents, env.device
         self.tensors = {f.name: torch.zeros(f.size(T, N, A), dtype=f.dtype, device=device) for f in self.fields}
         # Every field's rows as views, made once: an eager step's write is one copy, not an index and a copy.
         self._rows = {k: v.unbind(0) for k, v in self.tensors.items()}

@@ -134,7 +134,7 @@ def _build(cfg: Config, run_dir: Path | None, resume: bool, dist: Dist, parts: d
     torch.set_num_threads(threads.collect)
     if announce:
         print(f"torch threads: {threads}", file=sys.stderr, flush=True)
-    fits = budget.check_memory(cfg, env, env.reset(seed=env_seed), model, device, announce)
+    fits = budget.check_memory(cfg.num_envs, cfg.num_steps, env, env.reset(seed=env_seed), model, device, announce)
     if env.num_envs != cfg.num_envs:
         env.close()
         env = parts["env"] = make(cfg.env, num_envs=cfg.num_envs, device=device, seed=env_seed, **cfg.env_options)
@@ -177,7 +177,7 @@ def _build(cfg: Config, run_dir: Path | None, resume: bool, dist: Dist, parts: d
     update_slots = learner.nonzero().squeeze(1) if model.slot_agnostic and partial_learner else None
     timer = PhaseTimer(device)
     # Sized before the env was built (budget.run_bytes, checked above).
-    buffer = RolloutBuffer(cfg, env, model)
+    buffer = RolloutBuffer(cfg.num_steps, env, model)
     act_value = None if model.recurrent else model.act_value
     if cfg.compile and not mode.compiled and act_value is not None:  # the env's step is not capturable: the policy alone
         act_value = torch.compile(act_value, dynamic=False)
