@@ -37,7 +37,7 @@ from phalanx.models.protocol import ActorCritic
 from phalanx.models.registry import build_model, check_model
 from phalanx.policy import Policy, build_normalizers
 from phalanx.profile import PhaseTimer
-from phalanx.rollout import Rollout, StepMode
+from phalanx.rollout import Rollout, RolloutParams, StepMode
 from phalanx.slots import Teammates, opponent_slots, parse_teammates
 
 PROBE_ENVS = 4  # envs of the copy an env is checked and measured on before the full one is built
@@ -181,8 +181,8 @@ def _build(cfg: Config, run_dir: Path | None, resume: bool, dist: Dist, parts: d
     act_value = None if model.recurrent else model.act_value
     if cfg.compile and not mode.compiled and act_value is not None:  # the env's step is not capturable: the policy alone
         act_value = torch.compile(act_value, dynamic=False)
-    rollout = Rollout(cfg, env, model, buffer, norms, learner, gen, act_value, amp, timer, teammates, league,
-                      seed=env_seed, mode=mode, steps=graphs.CapturedSteps if mode.captured else None)
+    rollout = Rollout(params_of(RolloutParams, cfg), env, model, buffer, norms, learner, gen, act_value, amp, timer,
+                      teammates, league, seed=env_seed, mode=mode, steps=graphs.CapturedSteps if mode.captured else None)
     evaluate = BatchEvaluator(model, amp, buffer)
     step_hp = params_of(StepParams, cfg)
     if not cfg.update_chunks:

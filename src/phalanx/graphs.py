@@ -179,7 +179,7 @@ class CapturedSteps(Steps):
         self.captured: Callable | None = (torch.compile(rollout.step, fullgraph=True, dynamic=False, backend=mode.backend)
                                           if mode.compiled else None)
         # A [1] index per row: one graph serves every row of the buffer.
-        self.t_index: list[torch.Tensor] = [torch.tensor([t], device=rollout.device) for t in range(rollout.cfg.num_steps)]
+        self.t_index: list[torch.Tensor] = [torch.tensor([t], device=rollout.device) for t in range(rollout.params.num_steps)]
         self.planned = False  # the plan of draws a step makes is noted (`note_draws`)
         self.graphed = mode.graphed  # --cuda-graphs: after one eager step that notes the draws and two warm-up steps
         self.graph: torch.cuda.CUDAGraph | None = None

@@ -19,7 +19,6 @@ import torch
 
 from phalanx.algo import Normalizers, model_input
 from phalanx.buffer import RolloutBuffer, Step
-from phalanx.config import Config
 from phalanx.draws import Draws
 from phalanx.envs.base import StepRecord, VecEnv
 from phalanx.episodes import EpisodeCounters, env_ended
@@ -70,16 +69,27 @@ class StepMode:
         return self.captured or self.static
 
 
+@dataclasses.dataclass(frozen=True)
+class RolloutParams:
+    """What a rollout reads of the run's config: the keys of the same names, whose defaults and meanings config.py
+    holds (`config.params_of` fills them)."""
+
+    num_steps: int  # steps of every env a collect plays: the buffer's rows
+    obs_clip: float  # the normalised observations' bound (+-)
+    team_reward: float  # the weight of the team's mean reward in each slot's learning reward (0: its own alone)
+    nonfinite_env: str  # NaN / infinite env values: stop (counted, the trainer stops) or zero (counted and replaced)
+
+
 class Rollout:
     """Collects `num_steps` of every env on the device; reads nothing back to the host (on CPU, the
     rows truncated at a step are selected, which costs nothing there)."""
 
-    def __init__(self, cfg: Config, env: VecEnv, model: ActorCritic, buffer: RolloutBuffer, norms: Normalizers, learner: torch.Tensor,
-                 generator: torch.Generator, act_value: ActValueFn | None, amp: Callable[[], AbstractContextManager],
-                 timer: PhaseTimer, teammates: Teammates | None = None, league: League | None = None,
-                 seed: int | None = None, mode: StepMode = StepMode(),
+    def __init__(self, params: RolloutParams, env: VecEnv, model: ActorCritic, buffer: RolloutBuffer, norms: Normalizers,
+                 learner: torch.Tensor, generator: torch.Generator, act_value: ActValueFn | None,
+                 amp: Callable[[], AbstractContextManager], timer: PhaseTimer, teammates: Teammates | None = None,
+                 league: League | None = None, seed: int | None = None, mode: StepMode = StepMode(),
                  steps: Callable[[Rollout], Steps] | None = None):
-        self.cfg, self.env, self.model, self.norms, self.learner = cfg, env, model, norms, learner
+        self.params, self.env, self.model, self.norms, self.learner = params, env, model, norms, learner
         self.gen, self.act_value, self.amp, self.timer = generator, act_value, amp, timer
         self.teammates, self.league = teammates, league
         # Where other players fill some slots (league, teammates) and every slot is alike to the model, the learner
@@ -134,7 +144,7 @@ class Rollout:
     def obs_in(self, obs: torch.Tensor, fold: torch.Tensor | None = None) -> torch.Tensor:
         """The model's input (`model_input`, as `Policy.preprocess`); `fold` [N, A]: the slots whose
         observations the statistics count first."""
-        return model_input(obs, self.obs_dims, self.model.obs_is_image, self.norms.obs, self.cfg.obs_clip, fold)
+        return model_input(obs, self.obs_dims, self.model.obs_is_image, self.norms.obs, self.params.obs_clip, fold)
 
     def value(self, obs_n: torch.Tensor, state: torch.Tensor | None, envs: torch.Tensor | None = None) -> torch.Tensor:
         """V of observations of all envs, or of the envs `envs` (a long index) only, in return units."""
@@ -197,7 +207,7 @@ class Rollout:
         # The flag and active rows of a quiet step (StepRecord.quiet) are set here and not written again (nor
         # is its bootstrap, filled in after the loop).
         self.buffer.start(self._learner_rows, self.record.obs, self.memory)
-        for t in range(self.cfg.num_steps):
+        for t in range(self.params.num_steps):
             obs_n = self.steps(t, obs_n, stats)
         self.next_obs = obs_n
         return stats
@@ -227,7 +237,7 @@ class Rollout:
         """One step of every env: act (and value what is acted on), step the envs, write buffers at row `t`,
         count episodes; -> the next observation, model-ready. Captured whole by graphs.CapturedSteps (then `t` is a
         [1] index tensor, so one graph serves every row)."""
-        rec, cfg, model = self.record, self.cfg, self.model
+        rec, model = self.record, self.model
         learner, counters = self.learner, self.counters
         if model.recurrent:
             with self.timer.phase("policy_forward"), self.amp():
@@ -272,8 +282,8 @@ class Rollout:
             env_done = env_ended(done, prev_active)
             if self.league is not None or not self.host_branches or _read(env_done.any() | done.any()):
                 self._count_episodes(rec, done, env_done, acting, stats)
-        if cfg.team_reward > 0:
-            w = cfg.team_reward
+        if self.params.team_reward > 0:
+            w = self.params.team_reward
             team = (reward * prev_active).sum(-1, keepdim=True) / prev_active.sum(-1, keepdim=True).clamp_min(1)
             reward = (1 - w) * reward + w * team
         if self.norms.reward is not None:
@@ -322,7 +332,7 @@ class Rollout:
         stats["env_nonfinite"] += bad
         first = stats["env_first_bad_step"]
         first.copy_(torch.where((first < 0) & (bad > 0), t if isinstance(t, int) else t.squeeze(0), first))
-        if self.cfg.nonfinite_env == "zero":
+        if self.params.nonfinite_env == "zero":
             def zero(x: torch.Tensor | None) -> torch.Tensor | None:
                 return None if x is None else torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
 
