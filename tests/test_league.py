@@ -12,10 +12,10 @@ import league_env  # noqa: E402,F401  (registers test_rps)
 
 import phalanx  # noqa: E402
 from phalanx.cli import main  # noqa: E402
-from phalanx.config import resolve  # noqa: E402
+from phalanx.config import params_of, resolve  # noqa: E402
 from phalanx.envs import make  # noqa: E402
 from phalanx.errors import ConfigError  # noqa: E402
-from phalanx.league import LEAGUE_FILE, League, Ratings, parse_mix, wilson_interval  # noqa: E402
+from phalanx.league import LEAGUE_FILE, League, LeagueParams, Ratings, parse_mix, wilson_interval  # noqa: E402
 from phalanx.league.ratings import DRAW, LEARNER, LOSS, WIN  # noqa: E402
 from phalanx.models.registry import build_model  # noqa: E402
 from phalanx.policy import Policy  # noqa: E402
@@ -71,7 +71,7 @@ def _league(tmp_path, mix, n=16, rounds=3, seed=0):
     model = build_model(cfg, env)
     learner = Policy(model, None, cfg, env.observation_space, env.action_space)
     gen = torch.Generator().manual_seed(seed)
-    return League(cfg, env, tmp_path, learner, gen), env, model
+    return League(params_of(LeagueParams, cfg), env, tmp_path, learner, gen), env, model
 
 
 def test_opponents_are_swapped_only_at_resets(tmp_path):
@@ -149,8 +149,8 @@ def test_a_full_bank_grows_and_snapshots_still_play(tmp_path):
     cfg = resolve(dict(RPS, opponents="self_play:1,rock:1", num_envs=6, pool_size=1, env_options={"rounds": 3}))
     env = make("test_rps", num_envs=6, seed=0, rounds=3)
     model = build_model(cfg, env)
-    league = League(cfg, env, tmp_path, Policy(model, None, cfg, env.observation_space, env.action_space),
-                    torch.Generator().manual_seed(0))
+    league = League(params_of(LeagueParams, cfg), env, tmp_path,
+                    Policy(model, None, cfg, env.observation_space, env.action_space), torch.Generator().manual_seed(0))
     slots, layout = len(league.players), league.layout
     for step in (100, 200, 300):
         snap = league.snapshot(step, model, None)

@@ -17,10 +17,12 @@ import torch
 from phalanx.algo import GAEParams, StepParams, UpdateParams
 from phalanx.config import FIELDS, params_of, resolve
 from phalanx.envs import make, registry
+from phalanx.league import LeagueParams
 from phalanx.model_kinds import KINDS
 from phalanx.models.mlp import ActionHead
 from phalanx.models.protocol import ActorCritic, FeedForwardActorCritic, RecurrentActorCritic
 from phalanx.models.registry import MODELS, build_model
+from phalanx.rollout import RolloutParams
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 # The workload zoo (paths under src/phalanx).
@@ -29,7 +31,7 @@ ZOO_DIRS = ("zoo/",)
 # and serve one command (TensorBoard writer, progress bar, plots, recordings, the gym/pz/vmas adapters).
 LAZY_THIRD_PARTY = ("torch.utils.tensorboard", "rich", "matplotlib", "PIL", "imageio", "gymnasium", "pettingzoo",
                     "stable_baselines3", "resource", "ctypes", "optuna", "ray", "wandb", "vmas", "onnx", "onnxruntime",
-                    "huggingface_hub")
+                    "huggingface_hub", "benchmarl")
 
 
 def _modules() -> dict[str, Path]:
@@ -154,6 +156,23 @@ def test_the_graph_sees_known_edges():
     assert "phalanx.envs.registry" in graph["phalanx.config"]
 
 
+def test_the_bench_code_has_one_home():
+    """phalanx_bench holds the bench's code (the `phalanx bench` command, the reference players, the studies and
+    tools); the checkout's bench/ its specs, kept results and shell wrappers, no Python (issue 64)."""
+    assert not sorted((SRC.parent / "bench").rglob("*.py"))
+    assert {"phalanx_bench.players.connect_four", "phalanx_bench.studies.games", "phalanx_bench.packs"} <= set(_modules())
+
+
+def test_the_reference_players_import_nothing_of_phalanx():
+    """phalanx_bench.players are an independent check of the games (issue 50): written apart from Phalanx's game code
+    (phalanx.zoo), they import no phalanx module at all."""
+    graph = _graph()
+    players = sorted(n for n in graph if n.startswith("phalanx_bench.players"))
+    assert len(players) >= 4
+    bad = [f"{n} imports {d}" for n in players for d in sorted(graph[n]) if d == "phalanx" or d.startswith("phalanx.")]
+    assert not bad, bad
+
+
 def _zoo_or_adapter(name: str) -> bool:
     return name == "phalanx.zoo" or name.startswith(("phalanx.zoo.", "phalanx.envs.adapters"))
 
@@ -243,7 +262,7 @@ def test_model_names_are_written_in_one_place():
 def test_every_hyperparameter_object_field_is_a_config_key():
     """The settings objects are filled from the config by their fields' names (config.params_of): no list of keys
     is copied by hand, and a field without a key would fail here rather than silently keep its default."""
-    for cls in (StepParams, UpdateParams, GAEParams):
+    for cls in (StepParams, UpdateParams, GAEParams, RolloutParams, LeagueParams):
         missing = [f.name for f in dataclasses.fields(cls) if f.name not in FIELDS]
         assert not missing, (cls.__name__, missing)
     cfg = resolve({"env": "cartpole", "clip_coef": 0.3, "gamma": 0.97, "target_kl": 0.02, "vf_clip_coef": 0.5})

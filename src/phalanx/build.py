@@ -31,7 +31,7 @@ from phalanx.envs.base import VecEnv
 from phalanx.envs.check import check_env
 from phalanx.errors import ConfigError
 from phalanx.graphs import GraphedStep
-from phalanx.league import League, parse_mix
+from phalanx.league import League, LeagueParams, parse_mix
 from phalanx.league.seats import SwappedSides, wants_swapped_sides
 from phalanx.models.protocol import ActorCritic
 from phalanx.models.registry import build_model, check_model
@@ -168,8 +168,8 @@ def _build(cfg: Config, run_dir: Path | None, resume: bool, dist: Dist, parts: d
         learner = ~opponent_slots(A, device)
         if wants_swapped_sides(cfg.seats, env):
             env = parts["env"] = SwappedSides(env)
-        league = League(cfg, env, run_dir, Policy(model, norms.obs, cfg, env.observation_space, env.action_space), gen,
-                        host_free=mode.host_free)
+        league = League(params_of(LeagueParams, cfg), env, run_dir,
+                        Policy(model, norms.obs, cfg, env.observation_space, env.action_space), gen, host_free=mode.host_free)
     # A model that treats every slot alike lets the update leave out the slots it does not train
     # (scripted teammates, league opponents), whose loss terms are masked to zero anyway: half of
     # every update in a 1v1 league.

@@ -158,6 +158,21 @@ def learner_outcome(info: dict[str, torch.Tensor], side_returns: torch.Tensor) -
     return torch.where(diff > 0, WIN, torch.where(diff == 0, DRAW, LOSS))
 
 
+@dataclasses.dataclass(frozen=True)
+class LeagueParams:
+    """What the league reads of the run's config: the keys of the same names, whose defaults and meanings config.py
+    holds (`config.params_of` fills them)."""
+
+    env: str  # the run's env, which a frozen opponent (run:, greedy:) must have been trained on
+    opponents: str  # the weighted mix (`parse_mix`)
+    pool_sampling: str  # how self_play picks snapshots (league/sampling.py)
+    pool_size: int  # snapshots kept in play, the pinned ones besides
+    snapshot_every: int  # 0: every 5% of the run, at least once an update
+    pin_every: int  # 0: no snapshot is pinned
+    total_steps: int
+    num_steps: int  # with the envs, an update's steps
+
+
 class League:
     """Opponents for the opponent slots of every env, sampled per episode; see the module docstring.
 
@@ -167,17 +182,17 @@ class League:
     rollout step, which runs every player over every env and keeps each env's own, reads the same
     tensors for the whole run."""
 
-    def __init__(self, cfg: Any, env: Any, run_dir: Path, learner_policy: Any, generator: torch.Generator,
+    def __init__(self, params: LeagueParams, env: Any, run_dir: Path, learner_policy: Any, generator: torch.Generator,
                  host_free: bool = False):
-        self.cfg, self.env, self.run_dir = cfg, env, Path(run_dir)
+        self.params, self.env, self.run_dir = params, env, Path(run_dir)
         self.device, self.N = env.device, env.num_envs
         self.slots = opponent_slots(env.num_agents, env.device)
         self.slot_index = self.slots.nonzero().squeeze(1)
         # An eager CPU step runs the players in use, each over its own envs' rows (free there); elsewhere
         # (accelerators, a captured step: `host_free`, no host reads) every player of the layout runs over every env.
         self.select_rows = torch.device(env.device).type == "cpu" and not host_free
-        self.mix = dict(parse_mix(cfg.opponents, env.scripted_names))
-        self.pool_sampling = pool_sampling(cfg.pool_sampling)
+        self.mix = dict(parse_mix(params.opponents, env.scripted_names))
+        self.pool_sampling = pool_sampling(params.pool_sampling)
         self.learner_policy = learner_policy
         self.ratings = Ratings()
         self.learner_as_opponent = copy.copy(learner_policy)  # same weights, its own memory
@@ -199,9 +214,9 @@ class League:
         # step runs every slot) and one retired snapshot still being played; more grows the bank, which a
         # captured step traces again.
         if self.mix.get(SELF_PLAY, 0.0) > 0:
-            pinned = cfg.total_steps // cfg.pin_every if cfg.pin_every else 0
-            self._grow(cfg.pool_size + 1 + min(pinned, 32))
-        self.snapshot_every = cfg.snapshot_every or max(cfg.batch_size, cfg.total_steps // 20)
+            pinned = params.total_steps // params.pin_every if params.pin_every else 0
+            self._grow(params.pool_size + 1 + min(pinned, 32))
+        self.snapshot_every = params.snapshot_every or max(self.N * params.num_steps, params.total_steps // 20)
         self.last_snapshot_step = 0
         self._refresh()
         self.assign = draw_players(self.weights, torch.rand(self.N, generator=generator, device=self.device))
@@ -221,9 +236,9 @@ class League:
             policy = load(path, device=str(self.device))
         except PhalanxError as e:
             raise ConfigError(f"config key 'opponents': {name}: {e}") from None
-        if policy.config.env != self.cfg.env:
+        if policy.config.env != self.params.env:
             raise ConfigError(f"config key 'opponents': {name} was trained on env '{policy.config.env}', not "
-                              f"'{self.cfg.env}'; a frozen opponent must play the same env")
+                              f"'{self.params.env}'; a frozen opponent must play the same env")
         policy.model.requires_grad_(False)
         policy.fixed_greedy = prefix == "greedy"
         return Opponent(name, "frozen", policy)
@@ -360,14 +375,15 @@ class League:
     def snapshot(self, step: int, model: torch.nn.Module, obs_rms: Any) -> Opponent:
         name = f"snapshot_{step:012d}"
         save_snapshot(self.run_dir, name, model, obs_rms)
-        pin = self.cfg.pin_every > 0 and (step // self.cfg.pin_every) > (self.last_snapshot_step // self.cfg.pin_every)
+        every = self.params.pin_every
+        pin = every > 0 and (step // every) > (self.last_snapshot_step // every)
         slot = self._free_slot()
         policy = load_snapshot(self.run_dir, name, self.learner_policy, into=self.bank[slot - self.bank_start])
         opp = self.players[slot] = Opponent(name, "snapshot", policy, step, pinned=pin)
         self.ratings.ensure(name, like=LEARNER)
         self.last_snapshot_step = step
         pool = [o for o in self.players if o is not None and o.kind == "snapshot" and not o.retired and not o.pinned]
-        for old in pool[: max(0, len(pool) - self.cfg.pool_size)]:
+        for old in pool[: max(0, len(pool) - self.params.pool_size)]:
             old.retired = True
         self.in_use.add(slot)
         return opp
