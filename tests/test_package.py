@@ -110,7 +110,7 @@ def team_package(tmp_path_factory) -> Path:
     phalanx.train({**TINY, "env": "bucket_brigade", "env_options": {"max_nights": 6}, "run_dir": str(root / "run")})
     real = package.env_facts
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(package, "env_facts", lambda cfg: {**real(cfg), "renders": False})
+        mp.setattr(package, "env_facts", lambda name, options: {**real(name, options), "renders": False})
         package.write_package(root / "run", root / "pkg", episodes=4)
     return root / "pkg"
 

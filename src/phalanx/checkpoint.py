@@ -21,7 +21,6 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from phalanx import runs
-from phalanx.config import Config
 from phalanx.errors import CheckpointError, StorageError, storage_reason
 
 FORMAT_VERSION = 1
@@ -211,11 +210,11 @@ def load_weights(model: nn.Module, tensors: dict[str, torch.Tensor], source: str
         raise CheckpointError(f"{source} does not fit this model: {str(e).splitlines()[0]}") from None
 
 
-def check_compatible(path: Path, meta: dict[str, Any], cfg: Config, model: nn.Module) -> None:
-    """A checkpoint from another env or another model shape is refused, naming the mismatch."""
+def check_compatible(path: Path, meta: dict[str, Any], env: str, model: nn.Module) -> None:
+    """A checkpoint from an env other than `env` or of another model shape is refused, naming the mismatch."""
     saved = meta.get("config", {})
-    if meta.get("env") != cfg.env:
-        raise CheckpointError(f"checkpoint '{path}' is for env '{meta.get('env')}', not '{cfg.env}'")
+    if meta.get("env") != env:
+        raise CheckpointError(f"checkpoint '{path}' is for env '{meta.get('env')}', not '{env}'")
     shapes = meta.get("model_shapes", {})
     for k, v in model.state_dict().items():
         if k not in shapes:

@@ -27,20 +27,21 @@ def kept(run_dir: Path) -> str:
             f"`phalanx train --resume {run_dir}`")
 
 
-def env_crash(e: Exception, env: VecEnv, rollout: object, cfg: Config, run_dir: Path, global_step: int,
-              update_idx: int, world: int) -> EnvCrashError | None:
-    """An exception raised inside the env's own code during `rollout`'s collection, as one line naming the env, the
-    step and the exception, with the traceback written to the run directory; None where the env's step is not on
-    the traceback (a fault of Phalanx itself keeps its traceback)."""
+def env_crash(e: Exception, env: VecEnv, rollout: object, env_name: str, num_envs: int, run_dir: Path,
+              global_step: int, update_idx: int, world: int) -> EnvCrashError | None:
+    """An exception raised inside the env's own code during `rollout`'s collection (of `num_envs` envs of `env_name`
+    on each of `world` ranks), as one line naming the env, the step and the exception, with the traceback written to
+    the run directory; None where the env's step is not on the traceback (a fault of Phalanx itself keeps its
+    traceback)."""
     frames = [f for f, _ in traceback.walk_tb(e.__traceback__)]
     if not any(f.f_locals.get("self") is env for f in frames):
         return None
     at = next((f.f_locals["t"] for f in reversed(frames)
                if f.f_locals.get("self") is rollout and isinstance(f.f_locals.get("t"), int)), None)
-    step = global_step + (0 if at is None else at * cfg.num_envs * world)
+    step = global_step + (0 if at is None else at * num_envs * world)
     where = f"at step {step:,}" + ("" if at is None else f" (rollout step {at} of update {update_idx + 1})")
     written = _write_traceback(e, run_dir / "env_crash.txt")
-    return EnvCrashError(f"env '{cfg.env}' raised {where}: {one_line(e)}; {written}; {kept(run_dir)}")
+    return EnvCrashError(f"env '{env_name}' raised {where}: {one_line(e)}; {written}; {kept(run_dir)}")
 
 
 def _write_traceback(e: BaseException, path: Path) -> str:

@@ -98,9 +98,10 @@ def check_repo_id(repo_id: str) -> None:
 
 
 # -- the evaluation table --------------------------------------------------------------------------------------
-def env_facts(cfg: Config) -> dict[str, Any]:
-    """What the package needs of the run's env: its scripted policies but random play, whether it renders, its slots."""
-    env = make(cfg.env, num_envs=1, seed=0, **cfg.env_options)
+def env_facts(env_name: str, env_options: dict[str, Any]) -> dict[str, Any]:
+    """What the package needs of the run's env (`env_name` with `env_options`): its scripted policies but random
+    play, whether it renders, its slots."""
+    env = make(env_name, num_envs=1, seed=0, **env_options)
     try:
         return {"scripted": [n for n in env.scripted_names if n != "random"], "renders": bool(env.renders),
                 "num_agents": int(env.num_agents), "turn_based": bool(env.turn_based)}
@@ -145,7 +146,7 @@ def evaluation_table(policy: Policy, episodes: int = DEFAULT_EPISODES, seed: int
     random play (a league run: the learner against each scripted opponent and random play, head to head).
     -> {"head_to_head": bool, "rows": [table_row ...], "episodes", "seed", "confidence"}."""
     cfg = policy.config
-    facts = env_facts(cfg)
+    facts = env_facts(cfg.env, cfg.env_options)
     scripted = facts["scripted"]
     common = dict(env_options=registry.evaluation_options(cfg.env, cfg.env_options), episodes=episodes, seed=seed,
                   device=policy.device)
@@ -465,7 +466,7 @@ def _stage(run_dir: Path, stage: Path, policy: Policy, checkpoint: Path, episode
         curve = CURVE_FILE
     except PhalanxError as e:  # a run with no metrics rows to plot
         curve = f"No learning curve: {e}."
-    facts = env_facts(cfg)
+    facts = env_facts(cfg.env, cfg.env_options)
     if facts["renders"]:
         # The replay plays the opponent of the table's first row (a game's: random play; a league run's: its first
         # scripted opponent); its return is then the learner's side's.

@@ -134,7 +134,7 @@ def load(run_dir: str | Path, device: str = "cpu", checkpoint: str | Path | None
     env = make(cfg.env, num_envs=1, device=dev, seed=0, **cfg.env_options)
     model = build_model(cfg, env).to(dev)
     if not package:
-        ckpt.check_compatible(path, meta, cfg, model)
+        ckpt.check_compatible(path, meta, cfg.env, model)
     ckpt.load_weights(model, model_t, source)
     model.eval()
     norms = build_normalizers(cfg, env, 1, dev)

@@ -126,7 +126,7 @@ def restore(run: Checkpointed, path: Path) -> Counters:
     """Put checkpoint `path` back into `run` (weights, optimizer, learning rate, normalisers, rollout, league, RNGs);
     -> the loop's counters it was written at."""
     model_t, state_t, meta = ckpt.load_checkpoint(path)
-    ckpt.check_compatible(path, meta, run.cfg, run.model)
+    ckpt.check_compatible(path, meta, run.cfg.env, run.model)
     saved_world = int(meta.get("world_size", 1))
     if saved_world != run.dist.world:
         raise CheckpointError(f"checkpoint '{path}' was written by {saved_world} processes; resume it with "

@@ -119,8 +119,10 @@ class Trainer:
         try:
             stats = self.collect()
         except Exception as e:
+            cfg = self.run.cfg
             crash = faults.player_crash(e, self.run.run_dir) or faults.env_crash(
-                e, self.run.env, self.run.rollout, self.run.cfg, self.run.run_dir, self.global_step, self.update_idx, self.run.dist.world)
+                e, self.run.env, self.run.rollout, cfg.env, cfg.num_envs, self.run.run_dir, self.global_step,
+                self.update_idx, self.run.dist.world)
             if crash is None:
                 raise
             raise crash from None
