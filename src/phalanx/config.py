@@ -198,9 +198,9 @@ P = TypeVar("P")
 
 
 def params_of(cls: type[P], cfg: Config) -> P:
-    """The frozen parameter object `cls` (algo's PPOParams, GAEParams) filled from the config keys its fields are
-    named after, so that a hyperparameter is listed once, in the schema (tests/test_structure.py checks that every
-    field has its key)."""
+    """The frozen settings object `cls` (algo's StepParams, UpdateParams and GAEParams, RolloutParams, LeagueParams)
+    filled from the config keys its fields are named after, so that a setting is listed once, in the schema
+    (tests/test_structure.py checks that every field has its key)."""
     return cls(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls)})
 
 
