@@ -168,8 +168,8 @@ def _build(cfg: Config, run_dir: Path | None, resume: bool, dist: Dist, parts: d
         learner = ~opponent_slots(A, device)
         if wants_swapped_sides(cfg.seats, env):
             env = parts["env"] = SwappedSides(env)
-        league = League(params_of(LeagueParams, cfg), env, run_dir,
-                        Policy(model, norms.obs, cfg, env.observation_space, env.action_space), gen, host_free=mode.host_free)
+        learner_policy = Policy(model, norms.obs, cfg, env.observation_space, env.action_space)
+        league = League(params_of(LeagueParams, cfg), env, run_dir, learner_policy, gen, host_free=mode.host_free)
     # A model that treats every slot alike lets the update leave out the slots it does not train
     # (scripted teammates, league opponents), whose loss terms are masked to zero anyway: half of
     # every update in a 1v1 league.
@@ -211,5 +211,5 @@ def _build(cfg: Config, run_dir: Path | None, resume: bool, dist: Dist, parts: d
     dist.barrier()
     return Run(cfg=cfg, dist=dist, device=device, main=main, run_dir=run_dir, resume=resume, lock=lock, threads=threads,
                timer=timer, most_envs=fits, env=env, model=model, norms=norms, gen=gen, league=league, rollout=rollout,
-               buffer=buffer, params=params, optimizer=optimizer, step_hp=step_hp,
-               update_step=step, update_hp=params_of(UpdateParams, cfg), update_compiled=cfg.compile, update_slots=update_slots)
+               buffer=buffer, params=params, optimizer=optimizer, step_hp=step_hp, update_step=step,
+               update_hp=params_of(UpdateParams, cfg), update_compiled=cfg.compile, update_slots=update_slots)
