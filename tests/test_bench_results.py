@@ -1,4 +1,4 @@
-"""Kept results remake from what is kept: a packed study (bench/packs.py) gives its published tables byte for byte,
+"""Kept results remake from what is kept: a packed study (phalanx_bench/packs.py) gives its published tables byte for byte,
 and a pack round-trips the run folders it was made from."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import bucket_study as study
-from bench import packs
+from phalanx_bench import packs
+from phalanx_bench.studies import bucket_brigade as study
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,19 +52,32 @@ def test_a_pack_holds_every_run_file_and_reads_back_as_the_folder(tmp_path):
                                               ("tictactoe/16M", 500), ("connect_four/10M", 200),
                                               ("connect_four/rollouts16", 200), ("connect_four/rollouts16/net", 200)])
 def test_a_games_study_remakes_from_its_pack(folder, episodes):
-    """bench/games/study.py over a kept pack: the published table byte for byte (the players a kept study was not
+    """phalanx_bench/studies/games.py over a kept pack: the published table byte for byte (the players a kept study was not
     evaluated against, and walks it kept no checkpoint for, are left out as when it was made)."""
-    from bench.games import study as games
+    from phalanx_bench.studies import games
 
     kept = ROOT / "bench" / "results" / "games" / folder
     with packs.unpacked(kept / "runs.jsonl.gz") as runs:
         assert games.table(runs, episodes, threads=1) == (kept / "study.md").read_text()
 
 
+def test_a_kept_evaluation_is_read_under_its_players_former_names():
+    """The kept packs' evaluations name the players as they were named before they moved into phalanx_bench.players
+    (issue 64): the study reads them under the current names (games.MOVED), so the tables above remake unchanged."""
+    from phalanx_bench.studies import games
+
+    kept = packs.runs(ROOT / "bench" / "results" / "games" / "connect_four" / "defaults" / "runs.jsonl.gz")
+    assert "bench.games.connect_four:varied_4" in kept[0]["eval_games.json"]["vs"]
+    assert games.current_name("bench.games.connect_four:varied_4") == "phalanx_bench.players.connect_four:varied_4"
+    assert games.current_name("bench.games.tictactoe:act") == "phalanx_bench.players.tictactoe:act"
+    assert games.current_name("phalanx_bench.players.tictactoe:varied") == "phalanx_bench.players.tictactoe:varied"
+    assert games.current_name("random") == "random"
+
+
 def test_the_connect_four_probes_remake_from_their_pack():
-    """The single-seed probes, one pack: `python -m bench.games.study probes/runs.jsonl.gz --each --episodes 200`
+    """The single-seed probes, one pack: `python -m phalanx_bench.studies.games probes/runs.jsonl.gz --each --episodes 200`
     gives their study.md byte for byte, a table a probe under its name."""
-    from bench.games import study as games
+    from phalanx_bench.studies import games
 
     kept = ROOT / "bench" / "results" / "games" / "connect_four" / "probes"
     with packs.unpacked(kept / "runs.jsonl.gz") as runs:
@@ -90,9 +103,9 @@ VMAS = ROOT / "bench" / "results"
     ("vmas_vs_benchmarl-six", "navigation,balance,dispersion,passage,transport,wheel", 360_000),
     ("vmas_vs_benchmarl-720k", "transport,wheel", 720_000)])
 def test_a_vmas_table_remakes_from_its_pack(study, tasks, frames):
-    """bench/vmas_vs_benchmarl.py over a kept pack (`--out STUDY/runs.jsonl.gz`, the study README's command): its
+    """phalanx_bench/studies/vmas_vs_benchmarl.py over a kept pack (`--out STUDY/runs.jsonl.gz`, the study README's command): its
     table.md byte for byte."""
-    from bench import vmas_vs_benchmarl as vmas
+    from phalanx_bench.studies import vmas_vs_benchmarl as vmas
 
     kept = vmas.kept_results(VMAS / study / "runs.jsonl.gz")
     tasks, seeds = tasks.split(","), [1, 2]
@@ -104,7 +117,7 @@ def test_a_vmas_table_remakes_from_its_pack(study, tasks, frames):
 def test_the_first_vmas_table_keeps_its_rows_in_its_pack():
     """bench/results/vmas_vs_benchmarl/table.md was printed before the table had its random-play column and its
     threads line: every row of it, that column aside, remakes from its pack."""
-    from bench import vmas_vs_benchmarl as vmas
+    from phalanx_bench.studies import vmas_vs_benchmarl as vmas
 
     kept = vmas.kept_results(VMAS / "vmas_vs_benchmarl" / "runs.jsonl.gz")
     tasks, seeds = ["navigation", "balance"], [1, 2]
@@ -139,10 +152,10 @@ def test_the_vmas_default_budget_table_reads_its_pack():
 
 
 def test_the_spread_table_remakes_from_its_pack():
-    """bench/mpe/spread.py over its kept pack (`--runs bench/results/spread/runs.jsonl.gz`): table.md byte for byte,
+    """phalanx_bench/studies/spread.py over its kept pack (`--runs bench/results/spread/runs.jsonl.gz`): table.md byte for byte,
     and table.json's every number (its runs named where they were read)."""
     pytest.importorskip("mpe2")
-    from bench.mpe import spread
+    from phalanx_bench.studies import spread
 
     kept = VMAS / "spread"
     out = spread.scores(spread.evaluated(kept / "runs.jsonl.gz", 100), 100, [1, 2, 3])
@@ -181,9 +194,9 @@ def test_the_compile_table_reads_its_pack():
 
 
 def test_the_learning_parity_table_remakes_from_its_pack():
-    """bench/learning_parity.py over its kept pack (`--report-only`: every row read from runs.jsonl.gz): table.md and
+    """phalanx_bench/studies/learning_parity.py over its kept pack (`--report-only`: every row read from runs.jsonl.gz): table.md and
     results.json byte for byte."""
-    from bench import learning_parity as parity
+    from phalanx_bench.studies import learning_parity as parity
 
     kept_dir = ROOT / "bench" / "results" / "learning_parity"
     kept = parity.kept_rows(kept_dir / "runs.jsonl.gz")

@@ -205,8 +205,8 @@ def test_eval_plays_from_the_empty_board_unless_given_the_training_opening(tmp_p
     capsys.readouterr()
 
     def outcomes(*flags):
-        assert main(["eval", str(run), "--vs", "bench.games.tictactoe:act", "--episodes", "40", "--json", *flags]) == 0
-        vs = __import__("json").loads(capsys.readouterr().out)["vs"]["bench.games.tictactoe:act"]
+        assert main(["eval", str(run), "--vs", "phalanx_bench.players.tictactoe:act", "--episodes", "40", "--json", *flags]) == 0
+        vs = __import__("json").loads(capsys.readouterr().out)["vs"]["phalanx_bench.players.tictactoe:act"]
         return [max(vs[seat][k] for k in ("wins", "draws", "losses")) for seat in ("first", "second")]
 
     assert outcomes() == [40, 40]

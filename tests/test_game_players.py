@@ -1,8 +1,5 @@
-"""The reference players of bench/games (issue 50's proof): a perfect tic-tac-toe player and a depth-limited
+"""The reference players of phalanx_bench.players (issue 50's proof): a perfect tic-tac-toe player and a depth-limited
 connect-four search, plain callables over PettingZoo's observation dicts."""
-
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,12 +9,8 @@ pytest.importorskip("pygame")  # PettingZoo's classic games import it
 
 from pettingzoo.classic import connect_four_v3, tictactoe_v3  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))  # bench.games, as `phalanx eval --vs bench.games.tictactoe:act` imports it
-
-from bench.games import connect_four, tictactoe  # noqa: E402
-from bench.games.play import play, random_player  # noqa: E402
+from phalanx_bench.players import connect_four, tictactoe  # noqa: E402
+from phalanx_bench.players.play import play, random_player  # noqa: E402
 
 
 def board(mine=(), theirs=(), rows=3, cols=3):
@@ -95,7 +88,7 @@ def test_a_board_the_mask_contradicts_and_an_illegal_move_are_refused():
 
 
 def test_the_study_score_interval_holds_its_mean_and_the_seed_spread():
-    from bench.games.study import score_interval
+    from phalanx_bench.studies.games import score_interval
 
     assert score_interval([(10, 0, 0), (10, 0, 0)]) == (1.0, 1.0, 1.0)
     mean, lo, hi = score_interval([(2, 4, 4), (8, 0, 2)])  # scores 0.4 and 0.8

@@ -1,33 +1,24 @@
-"""bench/learning_parity.py: a row's sweep runs, every seed is scored greedy and sampled, and the table puts
-Phalanx's mean beside the peer's published figure; run again, it trains nothing."""
+"""phalanx_bench/studies/learning_parity.py: a row's sweep runs, every seed is scored greedy and sampled, and the
+table puts Phalanx's mean beside the peer's published figure; run again, it trains nothing."""
 
-import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
+from phalanx_bench.studies import learning_parity as parity
+
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("learning_parity", BENCH / "learning_parity.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_every_row_has_its_spec_and_a_peer():
-    parity = _load()
+    assert parity.SPECS == BENCH / "parity"  # the checkout's specs, wherever the study is run from
     assert sorted(p.stem for p in (BENCH / "parity").glob("*.yaml")) == sorted(parity.PEERS)
 
 
 @pytest.mark.slow
 def test_a_row_is_trained_scored_and_tabled_then_kept(tmp_path, capsys):
-    parity = _load()
     specs = tmp_path / "specs"
     specs.mkdir()
     # The cartpole row's name and peer, on the built-in cartpole env at a test's budget.

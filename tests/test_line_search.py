@@ -4,13 +4,13 @@ the bench's independently written alpha-beta search, and they play as their dept
 import pytest
 import torch
 
-from bench.games import connect_four as bench_c4
 from phalanx import train
 from phalanx.draws import Draws
 from phalanx.envs import make
 from phalanx.evaluate import evaluate_seats
 from phalanx.slots import random_actions
 from phalanx.zoo.line_search import popcount
+from phalanx_bench.players import connect_four as bench_c4
 from tests.board_positions import win_and_block
 
 WIN_FLOOR = bench_c4.WIN - 10  # the bench scores a win found at ply p as WIN - p, positions by a heuristic far below

@@ -132,7 +132,7 @@ def test_an_outside_league_opponent_that_cannot_load_or_play_here_is_one_line_be
         err = capsys.readouterr().err
         assert message in err and err.count("error") == 1 and "Traceback" not in err, err
         assert not run.exists()
-    code = main(["train", "--env", "duel", "--opponents", "self_play:1,bench.games.tictactoe:act", "--total-steps", "8192",
+    code = main(["train", "--env", "duel", "--opponents", "self_play:1,phalanx_bench.players.tictactoe:act", "--total-steps", "8192",
                  "--run-dir", str(tmp_path / "d")])
     assert code == 2
     assert "a callable opponent plays turn-based PettingZoo envs" in capsys.readouterr().err

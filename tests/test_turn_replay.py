@@ -138,9 +138,9 @@ def test_eval_records_the_game_against_the_vs_player_and_says_the_learners_retur
                  "--run-dir", str(run), "--progress", "false", "--tensorboard", "false"]) == 0
     capsys.readouterr()
     gif = tmp_path / "game.gif"
-    assert main(["eval", str(run), "--episodes", "1", "--vs", "bench.games.tictactoe:act", "--record", str(gif)]) == 0
+    assert main(["eval", str(run), "--episodes", "1", "--vs", "phalanx_bench.players.tictactoe:act", "--record", str(gif)]) == 0
     err = capsys.readouterr().err
-    assert gif.is_file() and "against bench.games.tictactoe:act" in err, err
+    assert gif.is_file() and "against phalanx_bench.players.tictactoe:act" in err, err
     rows = read_moves(tmp_path / "game.moves.tsv")
     learner_seat = rows[0]["agent"]  # the learner takes the first seat in a recording
     result = {name: float(r) for name, r in (part.rsplit(" ", 1) for part in

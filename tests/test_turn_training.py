@@ -90,7 +90,7 @@ def test_an_outside_callable_plays_both_seats_and_its_illegal_moves_are_counted_
     from phalanx.evaluate import evaluate_seats
     from phalanx.slots import OutsidePlayer, outside_player
 
-    perfect = outside_player("bench.games.tictactoe:act")  # written for the bench, apart from Phalanx
+    perfect = outside_player("phalanx_bench.players.tictactoe:act")  # written for the bench, apart from Phalanx
     vs_random = evaluate_policy(None, TICTACTOE, episodes=60, greedy=False, seed=1, opponent=perfect)
     assert vs_random["wins"] == 0 and vs_random["losses"] > 30, vs_random  # it never loses to random play
     assert perfect.moves > 0 and perfect.illegal == 0
@@ -101,8 +101,8 @@ def test_an_outside_callable_plays_both_seats_and_its_illegal_moves_are_counted_
     with pytest.raises(PhalanxError, match="--vs tests:raises raised on env copy 0: ValueError: engine crashed"):
         evaluate_policy(None, TICTACTOE, episodes=4, seed=1, opponent=OutsidePlayer(_raises, "tests:raises"))
     for spec, message in (("nomodule_xyz:act", "cannot import 'nomodule_xyz'"),
-                          ("bench.games.tictactoe:nothing", "has no 'nothing'"),
-                          ("bench.games.tictactoe:LINES", "is a tuple, not a callable"), ("act", "module:attr")):
+                          ("phalanx_bench.players.tictactoe:nothing", "has no 'nothing'"),
+                          ("phalanx_bench.players.tictactoe:LINES", "is a tuple, not a callable"), ("act", "module:attr")):
         with pytest.raises(ConfigError, match=message):
             outside_player(spec)
     cartpole = make("cartpole", num_envs=1)
@@ -117,17 +117,17 @@ def test_eval_vs_a_callable_plays_both_seats_from_the_command_line(tmp_path, cap
     assert main(["train", "--env", TICTACTOE, "--total-steps", "512", "--num-envs", "4", "--num-steps", "64",
                  "--run-dir", run, "--progress", "false", "--tensorboard", "false"]) == 0
     capsys.readouterr()
-    assert main(["eval", run, "--vs", "bench.games.tictactoe:act,random", "--episodes", "10", "--json"]) == 0
+    assert main(["eval", run, "--vs", "phalanx_bench.players.tictactoe:act,random", "--episodes", "10", "--json"]) == 0
     table = json.loads(capsys.readouterr().out)["vs"]
-    perfect = table["bench.games.tictactoe:act"]
+    perfect = table["phalanx_bench.players.tictactoe:act"]
     assert perfect["first"]["wins"] == perfect["second"]["wins"] == 0  # perfect play never loses
     assert perfect["opponent_illegal_moves"] == 0 and perfect["opponent_moves"] > 0
     assert table["random"]["first"]["episodes"] == table["random"]["second"]["episodes"] == 10
-    assert main(["eval", run, "--vs", "bench.games.tictactoe:act", "--episodes", "4"]) == 0
+    assert main(["eval", run, "--vs", "phalanx_bench.players.tictactoe:act", "--episodes", "4"]) == 0
     out = capsys.readouterr().out
     assert "first" in out and "second" in out and "0 of" in out
     for bad, message in (("nomodule_xyz:act", "cannot import 'nomodule_xyz'"),
-                         ("bench.games.tictactoe:nothing", "has no 'nothing'")):
+                         ("phalanx_bench.players.tictactoe:nothing", "has no 'nothing'")):
         assert main(["eval", run, "--vs", bad, "--episodes", "2"]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and message in err and "Traceback" not in err, err
@@ -144,11 +144,11 @@ def test_eval_vs_a_snapshot_beside_an_outside_player_plays_both_seats(tmp_path, 
                  "--opponents", "self_play:1", "--pool-size", "2", "--run-dir", run, "--progress", "false",
                  "--tensorboard", "false"]) == 0
     capsys.readouterr()
-    assert main(["eval", run, "--vs", "snapshot:LATEST,bench.games.tictactoe:act", "--episodes", "6", "--json"]) == 0
+    assert main(["eval", run, "--vs", "snapshot:LATEST,phalanx_bench.players.tictactoe:act", "--episodes", "6", "--json"]) == 0
     table = json.loads(capsys.readouterr().out)["vs"]
     snapshot = next(name for name in table if name.startswith("snapshot_"))
     assert table[snapshot]["first"]["episodes"] == table[snapshot]["second"]["episodes"] == 6
-    assert table["bench.games.tictactoe:act"]["first"]["episodes"] == 6
+    assert table["phalanx_bench.players.tictactoe:act"]["first"]["episodes"] == 6
     assert main(["eval", run, "--vs", "nobody", "--episodes", "2"]) == 2
     err = capsys.readouterr().err.strip()
     allowed = err.split("allowed: ", 1)[1]
@@ -229,9 +229,9 @@ def test_eval_of_a_game_answers_does_it_beat_random_from_each_seat_and_counts_re
     assert list(table) == ["random", *(f"{kind}_{d}" for kind in ("tactics", "threats") for d in (1, 2, 3, 4))]
     assert all(table[n][seat]["episodes"] == 6 for n in table for seat in ("first", "second"))
     # bench's perfect player breaks ties by a fixed order: against the greedy policy every game is the same one
-    assert main(["eval", run, "--vs", "bench.games.tictactoe:act", "--episodes", "5"]) == 0
+    assert main(["eval", run, "--vs", "phalanx_bench.players.tictactoe:act", "--episodes", "5"]) == 0
     out = capsys.readouterr().out
-    assert "(one game)" in out and "[0." not in out.split("bench.games.tictactoe:act", 1)[1].split("distinct:")[0]
+    assert "(one game)" in out and "[0." not in out.split("phalanx_bench.players.tictactoe:act", 1)[1].split("distinct:")[0]
     one = evaluate_policy(load(run), "tictactoe", episodes=8)
     assert one["distinct_games"] == 1  # greedy self-play: one game, eight times
     assert one["mean_length"] * 2 == pytest.approx(one["mean_plies"], abs=1.0)  # a slot's moves, about half the plies

@@ -3,8 +3,8 @@ briefly, exported with `phalanx export`, and played by onnxruntime in lockstep w
 least 20 whole episodes; then the file sizes and onnxruntime against `Policy.act` per step at batch 1 and 1,024.
 
     pip install -e '.[export]'
-    python bench/export_lockstep.py --out bench/results/export              # every row (about 10 min on 2 cores)
-    python bench/export_lockstep.py --rows cartpole,trial_nav-lstm --out /tmp/x
+    python -m phalanx_bench.export_lockstep --out bench/results/export              # every row (about 10 min on 2 cores)
+    python -m phalanx_bench.export_lockstep --rows cartpole,trial_nav-lstm --out /tmp/x
 
 Writes OUT/lockstep.json (every row: episodes, steps, episode starts, trial ends, action mismatches, the largest
 difference per output, file sizes), OUT/speed.json and OUT/table.md. Timing: one torch thread and one onnxruntime
@@ -25,11 +25,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import phalanx
 from phalanx import checkpoint as ckpt
 from phalanx.deployed import DeployedPolicy
 from phalanx.envs import make
 from phalanx.export import export_onnx, file_sizes, lockstep, onnx_session
+from phalanx.policy import load
+from phalanx.trainer import train
+from phalanx_bench.checkout import RESULTS
 
 # Short training: the weights only have to be a run's (normalisers and all), not good. Episodes are cut short
 # where the env allows it, so 20 whole episodes (trials included) pass in seconds.
@@ -59,8 +61,8 @@ SPEED_ROWS = ("cartpole", "trial_nav-transformer", "trial_nav-lstm", "pixel_goal
 
 def prove(row: str, work: Path, episodes: int, lockstep_envs: int) -> dict:
     run = work / row.replace(":", "_")
-    phalanx.train({**TRAIN, **ROWS[row]}, run_dir=str(run))
-    onnx = export_onnx(phalanx.load(run), run / "export" / "policy.onnx")
+    train({**TRAIN, **ROWS[row]}, run_dir=str(run))
+    onnx = export_onnx(load(run), run / "export" / "policy.onnx")
     result = lockstep(run, onnx, episodes=episodes, num_envs=lockstep_envs, seed=7)
     sizes = file_sizes(onnx, ckpt.latest_checkpoint(run))
     return {"row": row, **result, "sizes": sizes}
@@ -68,7 +70,7 @@ def prove(row: str, work: Path, episodes: int, lockstep_envs: int) -> dict:
 
 def speed(row: str, work: Path, batch: int, calls: int) -> dict:
     run = work / row.replace(":", "_")
-    policy = phalanx.load(run)
+    policy = load(run)
     session = onnx_session(run / "export" / "policy.onnx", threads=1)
     deployed = DeployedPolicy(policy)
     env = make(policy.config.env, num_envs=batch, seed=3, **policy.config.env_options)
@@ -131,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--episodes", type=int, default=20, help="whole episodes in lockstep per row [20]")
     p.add_argument("--lockstep-envs", type=int, default=4, help="envs played side by side in lockstep [4]")
     p.add_argument("--calls", type=int, default=200, help="timed calls per side [200]")
-    p.add_argument("--out", default="bench/results/export")
+    p.add_argument("--out", default=str(RESULTS / "export"), help="[bench/results/export]")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     out = Path(args.out)

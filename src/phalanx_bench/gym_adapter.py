@@ -6,8 +6,8 @@ observations, final observations, rewards, flags, episode statistics), one after
 every other round, with the same pre-drawn random actions. Reports microseconds per vector step and the
 adapter's time over gymnasium's (below 1: the adapter is faster), median over rounds.
 
-    python bench/gym_adapter.py                                  # CartPole-v1 and Acrobot-v1, 4 and 8 envs
-    python bench/gym_adapter.py --envs Acrobot-v1 --num-envs 4 --rounds 9 --out bench/results/gym_adapter
+    python -m phalanx_bench.gym_adapter                                  # CartPole-v1 and Acrobot-v1, 4 and 8 envs
+    python -m phalanx_bench.gym_adapter --envs Acrobot-v1 --num-envs 4 --rounds 9 --out bench/results/gym_adapter
 """
 
 from __future__ import annotations

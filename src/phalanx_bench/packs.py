@@ -2,13 +2,13 @@
 and a JSON-lines file such as metrics.jsonl where asked) as one gzipped JSON line a run, so that a study keeps one
 file where it kept a folder per run (issue 64).
 
-    python -m bench.packs DIR PACK.jsonl.gz     # the run folders under DIR (the folders holding a config.json)
-    python -m bench.packs DIR PACK.jsonl.gz --runs '*/result.json'    # DIR's folders holding a result.json
-    python -m bench.packs DIR PACK.jsonl.gz --runs '*/sweep.json' --files '*.json' --files 'eval/*.json'
-    python -m bench.packs DIR PACK.jsonl.gz --files '*.json' --files metrics.jsonl   # with each run's curve: its rows
+    python -m phalanx_bench.packs DIR PACK.jsonl.gz     # the run folders under DIR (the folders holding a config.json)
+    python -m phalanx_bench.packs DIR PACK.jsonl.gz --runs '*/result.json'    # DIR's folders holding a result.json
+    python -m phalanx_bench.packs DIR PACK.jsonl.gz --runs '*/sweep.json' --files '*.json' --files 'eval/*.json'
+    python -m phalanx_bench.packs DIR PACK.jsonl.gz --files '*.json' --files metrics.jsonl   # with each run's curve: its rows
 
 `runs(PACK)` reads the lines back as {"name", and each file by name}; `unpacked(PACK)` writes them back as folders in a
-temporary directory, for the study scripts that read run folders (bench/games/study.py). A pack of the same runs is
+temporary directory, for the study scripts that read run folders (phalanx_bench/studies/games.py). A pack of the same runs is
 the same bytes (no timestamp in it).
 """
 

@@ -5,8 +5,8 @@ in alternation: the default (torch_threads 0, chosen from the work), `--torch-th
 `--torch-threads <CPUs>` (what torch picks on its own, the default before the choice existed). Prints
 each time and each variant's median over pairs, divided by the one-thread median.
 
-    python bench/shared_machine.py                          # cartpole's default run (200k steps), 3 pairs
-    python bench/shared_machine.py --pairs 3 --busy 1 --args "--env cartpole --num-envs 4096 --num-steps 32 --total-steps 1000000"
+    python -m phalanx_bench.shared_machine                          # cartpole's default run (200k steps), 3 pairs
+    python -m phalanx_bench.shared_machine --pairs 3 --busy 1 --args "--env cartpole --num-envs 4096 --num-steps 32 --total-steps 1000000"
 """
 
 from __future__ import annotations

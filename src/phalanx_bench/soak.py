@@ -1,6 +1,6 @@
 """Soak benchmark: train for a wall-clock budget and record resident memory and steps/s per update.
 
-    python bench/soak.py --minutes 30 --env bucket_brigade --out bench/results/soak.json
+    python -m phalanx_bench.soak --minutes 30 --env bucket_brigade --out bench/results/soak.json
 
 Pass: resident set growth under 5% after warm-up (--warmup-minutes, default 5: the allocator's pools
 and the first checkpoint and TensorBoard buffers are filled by then) and steps/s that does
@@ -16,6 +16,9 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+from phalanx.config import resolve
+from phalanx.trainer import Trainer
 
 
 def rss_bytes() -> int:
@@ -35,11 +38,6 @@ def main() -> None:
     p.add_argument("--warmup-minutes", type=float, default=5.0)
     p.add_argument("--out", default=None)
     args = p.parse_args()
-
-    from phalanx.train import Trainer
-
-    from phalanx.config import resolve
-
     with tempfile.TemporaryDirectory(prefix="phalanx-soak-") as tmp:
         cfg = resolve({"env": args.env, "num_envs": args.num_envs, "total_steps": 10**12, "run_dir": tmp,
                        "progress": False, "tensorboard": args.tensorboard, "checkpoint_every": 200_000, "torch_threads": args.threads})

@@ -6,8 +6,8 @@ Phalanx's checkpoints, logs and closing plot included). Wall-clock and CPU secon
 ratios are SB3's time over Phalanx's, per pair, and their medians. Both packages are byte-compiled
 first, as pip leaves an installed one.
 
-    python bench/vs_sb3.py                               # both tasks, 3 pairs each
-    python bench/vs_sb3.py --tasks acrobot --pairs 5 --threads 1 --out bench/results/vs_sb3
+    python -m phalanx_bench.vs_sb3                               # both tasks, 3 pairs each
+    python -m phalanx_bench.vs_sb3 --tasks acrobot --pairs 5 --threads 1 --out bench/results/vs_sb3
 
 Tasks (the settings each side gets, written out in TASKS below):
 - acrobot: gym:Acrobot-v1 at CleanRL's ppo.py settings (4 envs x 128 steps, 4 epochs of 4 minibatches,
@@ -26,6 +26,7 @@ import compileall
 import importlib.util
 import json
 import os
+import platform
 import resource
 import statistics
 import subprocess
@@ -33,6 +34,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import torch
 
 TASKS: dict[str, dict] = {
     "acrobot": {
@@ -66,7 +69,6 @@ def phalanx_cmd(task: dict, run_dir: str, threads: int, seed: int) -> list[str]:
 
 def sb3_train(name: str, threads: int, seed: int) -> None:
     """The SB3 side: what a user writes to train this task with SB3's PPO (one process)."""
-    import torch
     from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_vec_env
 
@@ -155,14 +157,14 @@ def main(argv: list[str] | None = None) -> int:
                     return timed(phalanx_cmd(task, f"{tmp}/run", args.threads, args.seed), env)
 
             def run_sb3() -> tuple[float, float]:
-                return timed([sys.executable, __file__, "--sb3", name, "--threads", str(args.threads), "--seed", str(args.seed)], env)
+                return timed([sys.executable, "-m", "phalanx_bench.vs_sb3", "--sb3", name, "--threads", str(args.threads), "--seed", str(args.seed)], env)
 
             if args.side_by_side:
                 with tempfile.TemporaryDirectory() as tmp:
                     pinned = cores[:2] if i % 2 == 0 else cores[1::-1]
                     ours, theirs = timed_side_by_side(
                         [phalanx_cmd(task, f"{tmp}/run", args.threads, args.seed),
-                         [sys.executable, __file__, "--sb3", name, "--threads", str(args.threads), "--seed", str(args.seed)]],
+                         [sys.executable, "-m", "phalanx_bench.vs_sb3", "--sb3", name, "--threads", str(args.threads), "--seed", str(args.seed)]],
                         env, pinned)
             # Each side goes first in every other pair, so a drift of the machine's speed favours neither.
             elif i % 2 == 0:
@@ -177,10 +179,6 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"task": name, **task, "pairs": pairs,
                      "median_speedup": round(statistics.median(p["speedup"] for p in pairs), 3),
                      "median_cpu_speedup": round(statistics.median(p["cpu_speedup"] for p in pairs), 3)})
-    import platform
-
-    import torch
-
     machine = {"cpus": len(os.sched_getaffinity(0)), "cpu": platform.processor() or platform.machine(),
                "torch": torch.__version__, "python": platform.python_version(), "threads": args.threads}
     lines = [f"Whole process, {machine['cpus']} CPUs, torch {machine['torch']}, {args.threads} torch thread(s) each, "

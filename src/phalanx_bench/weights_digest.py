@@ -1,8 +1,8 @@
 """The weights' SHA-256 after a few updates of every workload on seed 1: a refactor that claims "behaviour
 unchanged" prints the same table before and after (issue 49).
 
-    python bench/weights_digest.py --out bench/results/weights_digest/before.json
-    python bench/weights_digest.py --out after.json --against bench/results/weights_digest/before.json
+    python -m phalanx_bench.weights_digest --out bench/results/weights_digest/before.json
+    python -m phalanx_bench.weights_digest --out after.json --against bench/results/weights_digest/before.json
 
 Each row trains `--updates` updates of a small configuration (few envs, short rollouts) through `phalanx.train`
 on one torch thread, then hashes the saved checkpoint's model.safetensors tensors in name order.
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-import phalanx
+from phalanx.trainer import train
 
 SMALL = {"num_envs": 4, "num_steps": 32, "num_minibatches": 2, "num_epochs": 2, "torch_threads": 1, "seed": 1,
          "progress": False, "tensorboard": False, "eval_episodes": 0}
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             cfg = {**SMALL, **ROWS[row]}
             steps = cfg["num_envs"] * cfg["num_steps"] * args.updates
-            phalanx.train(cfg, run_dir=str(Path(tmp) / "run"), total_steps=steps)
+            train(cfg, run_dir=str(Path(tmp) / "run"), total_steps=steps)
             out[row] = digest(Path(tmp) / "run")
         print(f"{row:<24} {out[row]}", flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

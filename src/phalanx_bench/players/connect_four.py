@@ -2,7 +2,7 @@
 scoring the positions it stops at with a simple heuristic (open windows of four, the centre column), written
 apart from Phalanx and PettingZoo's game code.
 
-    phalanx eval RUN --vs bench.games.connect_four:depth_4
+    phalanx eval RUN --vs phalanx_bench.players.connect_four:depth_4
 
 `player(depth)(observation)` (and `depth_1` ... `depth_6`) take PettingZoo's connect_four_v3 observation dict
 ({"observation": [6, 7, 2], row 0 at the top, the mover's pieces in plane 0, the opponent's in plane 1,
@@ -128,5 +128,5 @@ def player(depth: int = 4, seed: int | None = None) -> Callable[[dict[str, Any]]
 
 depth_1, depth_2, depth_3, depth_4, depth_5, depth_6 = (player(d) for d in (1, 2, 3, 4, 5, 6))
 # The same searches with their ties broken at random (seeded by depth), for evaluations whose games should differ:
-# `phalanx eval RUN --vs bench.games.connect_four:varied_4`.
+# `phalanx eval RUN --vs phalanx_bench.players.connect_four:varied_4`.
 varied_1, varied_2, varied_3, varied_4, varied_5, varied_6 = (player(d, seed=d) for d in (1, 2, 3, 4, 5, 6))

@@ -1,7 +1,7 @@
 """A perfect tic-tac-toe player: full negamax over the game tree, memoised (5,478 positions), written for the
 bench apart from Phalanx and PettingZoo's game code.
 
-    phalanx eval RUN --vs bench.games.tictactoe:act
+    phalanx eval RUN --vs phalanx_bench.players.tictactoe:act
 
 `act(observation)` takes PettingZoo's tictactoe_v3 observation dict ({"observation": [3, 3, 2] with the
 mover's marks in plane 0 and the opponent's in plane 1, "action_mask": [9]}) and returns a square 0-8 that
@@ -80,7 +80,7 @@ def player(seed: int | None = None) -> Callable[[dict[str, Any]], int]:
 
 
 # A perfect player with its ties broken at random (seed 0), for evaluations whose games should differ:
-# `phalanx eval RUN --vs bench.games.tictactoe:varied`.
+# `phalanx eval RUN --vs phalanx_bench.players.tictactoe:varied`.
 varied = player(seed=0)
 
 

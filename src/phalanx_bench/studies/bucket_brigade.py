@@ -6,11 +6,11 @@ quarter budget, 1000 at the full one), and writes a Markdown table (and JSON) wi
     phalanx sweep bench/bucket_study.yaml --dir runs/bucket_study --workers 2
     for r in runs/bucket_study/runs/*; do phalanx eval $r --episodes 200 \\
         --vs firefighter,free_rider,hero,coordinator,liar,random --json > $r/eval_vs.json; done
-    python -m bench.bucket_study runs/bucket_study --out bench/results/bucket_study.md
-    python -m bench.bucket_study runs/bucket_study --pack STUDY/runs.jsonl.gz   # to keep, as bench/results/bucket_study_full/
+    python -m phalanx_bench.studies.bucket_brigade runs/bucket_study --out bench/results/bucket_study.md
+    python -m phalanx_bench.studies.bucket_brigade runs/bucket_study --pack STUDY/runs.jsonl.gz   # to keep, as bench/results/bucket_study_full/
 
-A study is kept packed (`--pack`, bench/packs.py): one gzipped JSON line per run, its name and its files (config.json and
-every evaluation), read back as the folder was (`python -m bench.bucket_study PACK.jsonl.gz --out ...`).
+A study is kept packed (`--pack`, phalanx_bench/packs.py): one gzipped JSON line per run, its name and its files (config.json and
+every evaluation), read back as the folder was (`python -m phalanx_bench.studies.bucket_brigade PACK.jsonl.gz --out ...`).
 
 Intervals: a scripted team's is the normal 95% interval of its mean episode return over the N
 episodes; the learned teams' is a 95% stratified bootstrap over seeds x episodes (each seed's episodes
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench import packs
+from phalanx_bench import packs
 from phalanx.zoo.bucket_brigade import SCENARIOS
 
 TEAMS = ("firefighter", "free_rider", "hero", "coordinator", "liar", "random")

@@ -1,10 +1,10 @@
 """The turn-based games study (issue 50): trained runs of tic-tac-toe or connect four (several seeds) against the
-reference players of this folder, from each seat, greedy; a Markdown table with 95% intervals.
+reference players of `phalanx_bench.players`, from each seat, greedy; a Markdown table with 95% intervals.
 
     phalanx train --env pz:pettingzoo.classic.tictactoe_v3:env --opponents self_play:8,learner:2,random:1 \\
         --total-steps 1000000 --seed 1 --run-dir runs/games/ttt-s1 --torch-threads 1   # and seeds 2, 3
-    python -m bench.games.study runs/games/ttt-s* --episodes 500 --out bench/results/games/tictactoe
-    python -m bench.games.study bench/results/games/connect_four/probes/runs.jsonl.gz --each --episodes 200
+    python -m phalanx_bench.studies.games runs/games/ttt-s* --episodes 500 --out bench/results/games/tictactoe
+    python -m phalanx_bench.studies.games bench/results/games/connect_four/probes/runs.jsonl.gz --each --episodes 200
 
 `--each` gives every run its own table under its name: single-seed probes of different settings, kept in one pack.
 
@@ -16,7 +16,7 @@ counts as well as the game-to-game one. For tic-tac-toe a last row walks every g
 can meet against a perfect player taking any of its best moves (`against_every_perfect_line`, kept as
 RUN/every_line.json): not a sample, so no interval. Training time is read from each run's metrics (first to last update,
 plus the first update's own length, on the machine named in the table's caption). The table is the summary kept
-beside a study's pack (bench/packs.py), which holds every count it is made from.
+beside a study's pack (phalanx_bench/packs.py), which holds every count it is made from.
 """
 
 from __future__ import annotations
@@ -31,12 +31,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench import packs
-from bench.games.tictactoe import against_every_perfect_line
 from phalanx.policy import load
+from phalanx_bench import packs
+from phalanx_bench.players.tictactoe import against_every_perfect_line
 
-TICTACTOE = ("bench.games.tictactoe:act", "bench.games.tictactoe:varied", "random")
-CONNECT_FOUR = tuple(f"bench.games.connect_four:varied_{d}" for d in range(1, 7)) + ("random",)
+TICTACTOE = ("phalanx_bench.players.tictactoe:act", "phalanx_bench.players.tictactoe:varied", "random")
+CONNECT_FOUR = tuple(f"phalanx_bench.players.connect_four:varied_{d}" for d in range(1, 7)) + ("random",)
+# The players' modules under their names before they moved into the package (issue 64: from a checkout's bench/games/):
+# the evaluations kept in bench/results' packs (eval_games.json) are keyed by those names, read as the new ones.
+MOVED = {"bench.games.tictactoe:": "phalanx_bench.players.tictactoe:",
+         "bench.games.connect_four:": "phalanx_bench.players.connect_four:"}
 TICTACTOE_NAMES = ("tictactoe", "pz:pettingzoo.classic.tictactoe_v3:env")
 PLAYERS = {"tictactoe": TICTACTOE, "pz:pettingzoo.classic.tictactoe_v3:env": TICTACTOE,
            "connect_four": CONNECT_FOUR, "pz:pettingzoo.classic.connect_four_v3:env": CONNECT_FOUR}
@@ -53,7 +57,17 @@ def evaluate(run: Path, episodes: int, threads: int) -> dict:
         if done.returncode != 0:
             raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr.strip()}")
         out.write_text(done.stdout)
-    return json.loads(out.read_text())
+    kept = json.loads(out.read_text())
+    kept["vs"] = {current_name(name): result for name, result in kept["vs"].items()}
+    return kept
+
+
+def current_name(player: str) -> str:
+    """A player's name as `phalanx eval --vs` takes it now, for one a kept evaluation names as it was (MOVED)."""
+    for old, new in MOVED.items():
+        if player.startswith(old):
+            return new + player.removeprefix(old)
+    return player
 
 
 def every_line(run: Path) -> dict | None:
@@ -173,7 +187,7 @@ def each(runs: list[Path], episodes: int, threads: int) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", type=Path, help="run directories of one game (one per seed), or a pack of them "
-                                                       "(bench/packs.py: NAME.jsonl.gz)")
+                                                       "(phalanx_bench/packs.py: NAME.jsonl.gz)")
     ap.add_argument("--episodes", type=int, default=500, help="greedy games per seed, seat and opponent")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of each evaluation")
     ap.add_argument("--each", action="store_true", help="a table per run, under its name, not one over all runs")

@@ -1,7 +1,7 @@
 """Phalanx on the peers' own tables: each peer's published PPO settings, Phalanx's return beside the peer's figure.
 
-    python bench/learning_parity.py                                   # every row, 3 seeds each (hours on 2 CPUs)
-    python bench/learning_parity.py --rows lunarlander_rlzoo --workers 2 --out bench/results/learning_parity
+    python -m phalanx_bench.studies.learning_parity                                   # every row, 3 seeds each (hours on 2 CPUs)
+    python -m phalanx_bench.studies.learning_parity --rows lunarlander_rlzoo --workers 2 --out bench/results/learning_parity
 
 Each row is a sweep spec, `bench/parity/<row>.yaml` (config keys written out, the peer's settings in its comment),
 run by `phalanx sweep` into OUT/<row>/ (resumable: run it again and finished runs are kept). Every finished run is
@@ -16,8 +16,8 @@ episodes (the sampled policy) at the end of training, over 3 seeds; the RL Zoo's
 deterministic evaluation (mean and std over its evaluation episodes). Compare sampled play with the first and
 greedy play with the second.
 
-Kept packed (bench/packs.py): each row's sweep.json and eval/ as one line of OUT/runs.jsonl.gz,
-`python -m bench.packs OUT OUT/runs.jsonl.gz --runs '*/sweep.json' --files sweep.json --files 'eval/*.json'`. A row
+Kept packed (phalanx_bench/packs.py): each row's sweep.json and eval/ as one line of OUT/runs.jsonl.gz,
+`python -m phalanx_bench.packs OUT OUT/runs.jsonl.gz --runs '*/sweep.json' --files sweep.json --files 'eval/*.json'`. A row
 OUT holds no folder of is read from OUT/runs.jsonl.gz, so `--report-only` makes OUT/table.md and OUT/results.json
 again from the pack; `--out OUT/runs.jsonl.gz` does the same and trains nothing.
 """
@@ -35,12 +35,10 @@ from pathlib import Path
 import numpy as np
 
 from phalanx.compare import bootstrap_ci
+from phalanx_bench import packs
+from phalanx_bench.checkout import BENCH, RESULTS
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench.packs, when run as bench/learning_parity.py
-from bench import packs  # noqa: E402
-
-HERE = Path(__file__).resolve().parent
-SPECS = HERE / "parity"
+SPECS = BENCH / "parity"
 CLEANRL_PPO = "CleanRL docs, rl-algorithms/ppo, ppo.py table (3 seeds)"
 CLEANRL_CONT = "CleanRL docs, rl-algorithms/ppo, ppo_continuous_action.py MuJoCo v4 table"
 RL_ZOO = "rl-baselines3-zoo benchmark.md (SB3 PPO)"
@@ -101,7 +99,7 @@ def train_seconds(run: Path) -> float:
 
 
 def kept_rows(source: Path) -> dict[str, dict]:
-    """Each row's kept files ("sweep.json", "eval/<trial>.json") by row, from a pack (bench/packs.py) or from OUT."""
+    """Each row's kept files ("sweep.json", "eval/<trial>.json") by row, from a pack (phalanx_bench/packs.py) or from OUT."""
     return {run["name"]: run for run in packs.runs(source, "*/sweep.json", ("sweep.json", "eval/*.json"))}
 
 
@@ -155,7 +153,7 @@ def table(results: dict[str, dict], episodes: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", default=",".join(PEERS), help=f"comma list of rows [{','.join(PEERS)}]")
-    p.add_argument("--out", default="bench/results/learning_parity", help="results directory")
+    p.add_argument("--out", default=str(RESULTS / "learning_parity"), help="results directory [bench/results/learning_parity]")
     p.add_argument("--workers", type=int, default=2, help="runs at a time [2]")
     p.add_argument("--episodes", type=int, default=100, help="evaluation episodes per seed and mode [100]")
     p.add_argument("--report-only", action="store_true", help="score the finished runs; train nothing")

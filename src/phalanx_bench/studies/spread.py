@@ -1,14 +1,14 @@
 """Reference teams for PettingZoo's MPE simple_spread (mpe2.simple_spread_v3, N=3, 25 steps, discrete actions):
 a hand-written assignment heuristic and random play, scored as Phalanx scores a trained team (issue 51).
 
-    python -m bench.mpe.spread --episodes 100 --seeds 1 2 3
-    python -m bench.mpe.spread --runs runs/spread-s1 runs/spread-s2 runs/spread-s3 --out bench/results/spread/table
-    python -m bench.packs runs/spread bench/results/spread/runs.jsonl.gz --runs '*/eval_spread.json'   # to keep
-    python -m bench.mpe.spread --runs bench/results/spread/runs.jsonl.gz --out bench/results/spread/table
+    python -m phalanx_bench.studies.spread --episodes 100 --seeds 1 2 3
+    python -m phalanx_bench.studies.spread --runs runs/spread-s1 runs/spread-s2 runs/spread-s3 --out bench/results/spread/table
+    python -m phalanx_bench.packs runs/spread bench/results/spread/runs.jsonl.gz --runs '*/eval_spread.json'   # to keep
+    python -m phalanx_bench.studies.spread --runs bench/results/spread/runs.jsonl.gz --out bench/results/spread/table
 
 With `--runs`, each trained run is scored too: `phalanx eval RUN --episodes E --json` (greedy; kept as
 RUN/eval_spread.json), each seed's mean per-agent return, and the mean over seeds with a 95% stratified bootstrap
-(seeds resampled, then each seed's episodes). A run given may be a pack of runs (bench/packs.py: each run's
+(seeds resampled, then each seed's episodes). A run given may be a pack of runs (phalanx_bench/packs.py: each run's
 config.json and eval_spread.json), read as its folders were.
 
 Each agent of the heuristic reads only its own observation ([own velocity, own position, landmarks relative to it,
@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 from mpe2 import simple_spread_v3
 
-from bench import packs
+from phalanx_bench import packs
 
 N = 3
 # mpe2's discrete moves: 0 none, 1 left (-x), 2 right (+x), 3 down (-y), 4 up (+y).

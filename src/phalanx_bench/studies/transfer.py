@@ -2,7 +2,7 @@
 a best response finds in the net alone? (issue 62)
 
     phalanx exploit runs/c4-s1-net --steps 500000            # the net alone (play_rollouts 0 in its config)
-    python -m bench.games.transfer runs/c4-s1-net/exploit-s1 runs/c4-s1 --episodes 200
+    python -m phalanx_bench.studies.transfer runs/c4-s1-net/exploit-s1 runs/c4-s1 --episodes 200
 
 plays the best response (greedy and sampled) against the second run's greedy policy (as `phalanx eval` plays it, its
 play search included) from both seats, and prints the best response's score per seat (wins plus half the draws per

@@ -1,8 +1,8 @@
 """Phalanx MAPPO against BenchMARL MAPPO on VMAS tasks: same task settings, frames, seeds and machine.
 
     pip install -e '.[benchmarl]' && pip install --no-deps benchmarl==1.5.2    # torch left as it is
-    python bench/vmas_vs_benchmarl.py --tasks navigation,balance --seeds 1,2 --frames 360000
-    python bench/vmas_vs_benchmarl.py --device cuda --frames 10020000        # BenchMARL's 10M (167 batches)
+    python -m phalanx_bench.studies.vmas_vs_benchmarl --tasks navigation,balance --seeds 1,2 --frames 360000
+    python -m phalanx_bench.studies.vmas_vs_benchmarl --device cuda --frames 10020000        # BenchMARL's 10M (167 batches)
 
 Every (library, task, seed) trains in its own process, one after the other, with the same torch thread
 count (`--threads`, for both: Phalanx's torch_threads is set from it; each result records the threads its
@@ -23,14 +23,16 @@ The cost of the machinery, apart from how many passes each library makes: per ba
 one optimisation pass over the batch (the batch's update time, GAE included, divided by its passes), averaged
 over the run's batches; BenchMARL's from its callbacks, Phalanx's from the trainer's phase clock. Each
 library's process is set up as its own command sets it up (Phalanx's: `phalanx train`'s host allocator
-settings, `devices.tune_host_allocator`).
+settings, `devices.tune_host_allocator`). This module runs BenchMARL's side and the tables and never imports phalanx;
+Phalanx's side (its runs, `--score`, `--heuristic`, random play) is `phalanx_bench.studies.vmas_phalanx`, which it
+starts in processes of their own.
 
 Writes OUT/<library>-<task>-<seed>/result.json (each run: its curve and times), OUT/runs.json and
-OUT/random_play.json (all of them), OUT/table.md and OUT/curves.png. A study is kept packed (bench/packs.py):
-`python -m bench.packs OUT OUT/runs.jsonl.gz --runs '*/result.json'`; `--out OUT/runs.jsonl.gz` then makes table.md
+OUT/random_play.json (all of them), OUT/table.md and OUT/curves.png. A study is kept packed (phalanx_bench/packs.py):
+`python -m phalanx_bench.packs OUT OUT/runs.jsonl.gz --runs '*/result.json'`; `--out OUT/runs.jsonl.gz` then makes table.md
 and curves.png again beside the pack from the runs it holds, and trains nothing:
 
-    python bench/vmas_vs_benchmarl.py --tasks transport,wheel --seeds 1,2 --frames 720000 --phalanx-frames 720000 \
+    python -m phalanx_bench.studies.vmas_vs_benchmarl --tasks transport,wheel --seeds 1,2 --frames 720000 --phalanx-frames 720000 \
         --threads 1 --out bench/results/vmas_vs_benchmarl-720k/runs.jsonl.gz
 """
 
@@ -47,20 +49,21 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench.packs, when run as bench/vmas_vs_benchmarl.py
-from bench import packs  # noqa: E402
+import torch
+
+from phalanx_bench import packs
+from phalanx_bench.checkout import RESULTS
 
 LIBRARIES = ("benchmarl", "phalanx")
 # BenchMARL's tuned on-policy settings for VMAS (its fine_tuned/vmas configuration and paper).
 BATCH_FRAMES, WORLDS, PASSES, MINIBATCH = 60_000, 600, 45, 4_000
+PHALANX_SIDE = "phalanx_bench.studies.vmas_phalanx"  # Phalanx's runs and scores (phalanx_side below)
 
 
 # ---------------------------------------------------------------------------------------------- one run
 def eval_return(rollout_rewards, dones) -> float:
     """BenchMARL's evaluation return: per episode, rewards summed up to the first done, averaged over agents;
     then the mean over episodes. rollout_rewards [E, T, A], dones [E, T] bool."""
-    import torch
-
     first = torch.where(dones.any(1), dones.float().argmax(1), torch.full((dones.shape[0],), dones.shape[1] - 1))
     keep = torch.arange(dones.shape[1])[None, :] <= first[:, None]
     per_episode = (rollout_rewards * keep[..., None]).sum(1).mean(-1)
@@ -99,8 +102,6 @@ def make_recorder():
             self.train_seconds.append(self.last_end - self.collected)
 
         def on_evaluation_end(self, rollouts) -> None:
-            import torch
-
             rewards = [r.get(("next", "agents", "reward")).squeeze(-1) for r in rollouts]
             dones = [r.get(("next", "done")).reshape(r.batch_size[0], -1).any(-1) for r in rollouts]
             rew = torch.nn.utils.rnn.pad_sequence(rewards, batch_first=True)
@@ -148,104 +149,12 @@ def run_benchmarl(task: str, seed: int, frames: int, eval_every: int, episodes: 
 
     experiment._evaluation_loop = timed_evaluation
     experiment.run()
-    import torch
-
     used = torch.get_num_threads()  # BenchMARL leaves torch's threads as the process set them
     total = time.perf_counter() - recorder.start - recorder.eval_seconds
     return {"curve": recorder.curve, "train_seconds": total, "frames": int(experiment.total_frames),
             "passes": PASSES, "collect_seconds": statistics.fmean(recorder.collect_seconds),
             "update_seconds": statistics.fmean(recorder.train_seconds),
             "torch_threads": {"collect": used, "update": used}}
-
-
-def score(run_dir: Path, checkpoint: Path | None, episodes: int, device: str) -> float:
-    """A Phalanx run's policy (`checkpoint`, or its latest) scored by BenchMARL's protocol: deterministic actions,
-    `episodes` worlds side by side, each episode to its first done, on evaluation seed 10,000 + the run's seed."""
-    from phalanx import runs as phalanx_runs
-    from phalanx.policy import load
-
-    cfg = phalanx_runs.load_run_config(run_dir)
-    return benchmarl_protocol(load(run_dir, device=device, checkpoint=checkpoint), cfg.env, cfg.env_options, cfg.seed,
-                              episodes, device)
-
-
-def benchmarl_protocol(policy, env: str, env_options: dict, seed: int, episodes: int, device: str) -> float:
-    """The mean per-agent return of `policy` (None: uniform random actions) over `episodes` worlds side by side, each
-    episode to its first done, deterministic actions, evaluation seed 10,000 + `seed`."""
-    from phalanx.evaluate import evaluate_policy
-
-    res = evaluate_policy(policy, env, env_options, episodes=episodes, greedy=True, seed=10_000 + seed, device=device,
-                          num_envs=episodes)
-    return res["mean_agent_return"]
-
-
-def run_phalanx(task: str, seed: int, frames: int, eval_every: int, episodes: int, device: str, out: Path,
-                threads: int, settings: dict[str, str] | None = None) -> dict:
-    from phalanx import checkpoint as ckpt
-    from phalanx import devices
-    from phalanx import runs as phalanx_runs
-    from phalanx.config import parse_text_layer, resolve
-    from phalanx.trainer import Trainer
-
-    # The process a user's `phalanx train` runs in: freed host memory kept for the next update (without it,
-    # navigation's optimisation pass measured 1.27 s against 1.11 s, 2-core CPU).
-    devices.tune_host_allocator()
-    run_dir = out / "run"
-    start = time.time()
-    cfg = resolve({"env": f"vmas:{task}", "seed": seed, "total_steps": frames, "device": device, "run_dir": str(run_dir),
-                   "checkpoint_every": eval_every, "keep_checkpoints": 1000, "progress": False, "tensorboard": False,
-                   "torch_threads": threads}, parse_text_layer(settings or {}))  # --phalanx-set's text
-    # `phalanx.train` with the trainer's phase clock on (on a CPU it reads the clock and nothing else).
-    trainer = Trainer(cfg)
-    try:
-        ckpt.write_json_atomic(run_dir / "config.json", cfg.to_dict())
-        trainer.run.timer.enabled = True
-        trainer.train()
-        batches = trainer.update_idx
-        clock = dict(trainer.run.timer.seconds)
-        used = {"collect": trainer.run.threads.collect, "update": trainer.run.threads.update}
-    finally:
-        trainer.close()
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    cfg = phalanx_runs.load_run_config(run_dir)
-    curve = []
-    for path in sorted((run_dir / "checkpoints").iterdir()):
-        step = int(path.name.split("_")[-1])
-        at = next(r for r in rows if r["step"] == step)
-        curve.append({"frames": step, "time": at["time"] - start, "return": score(run_dir, path, episodes, device)})
-    return {"curve": curve, "train_seconds": rows[-1]["time"] - start, "frames": rows[-1]["step"], "passes": cfg.num_epochs,
-            "collect_seconds": clock["collect"] / batches, "update_seconds": clock["update"] / batches,
-            "mappo_values": cfg.mappo_values, "torch_threads": used}
-
-
-def run_random(task: str, seed: int, episodes: int, device: str) -> dict:
-    """Uniform random actions over each agent's action box, evaluated by the same protocol as the libraries."""
-    return {"return": benchmarl_protocol(None, f"vmas:{task}", {}, seed, episodes, device)}
-
-
-def run_heuristic(task: str, seed: int, episodes: int, device: str) -> float:
-    """VMAS's own scripted policy for `task` (vmas.scenarios.<task>.HeuristicPolicy, each agent on its own
-    observation) by the same protocol: `episodes` worlds side by side, each to its first done, the reward summed and
-    averaged over agents, evaluation seed 10,000 + `seed`."""
-    import importlib
-
-    import torch
-
-    from phalanx.envs import make
-
-    heuristic = importlib.import_module(f"vmas.scenarios.{task}").HeuristicPolicy(continuous_action=True)
-    env = make(f"vmas:{task}", num_envs=episodes, device=device, seed=10_000 + seed)
-    rec = env.reset(seed=10_000 + seed)
-    high = torch.as_tensor(env.action_space.high, device=rec.obs.device)
-    total = torch.zeros(episodes, device=rec.obs.device)
-    playing = torch.ones(episodes, dtype=torch.bool, device=rec.obs.device)
-    while bool(playing.any()):
-        actions = torch.stack([heuristic.compute_action(rec.obs[:, j], u_range=float(high[0]))
-                               for j in range(env.num_agents)], dim=1)
-        rec = env.step(actions)
-        total += torch.where(playing, rec.reward.mean(-1), 0.0)
-        playing &= ~(rec.terminated | rec.truncated).any(-1)
-    return float(total.mean())
 
 
 def per_pass(run: dict) -> float:
@@ -269,7 +178,7 @@ def at_frames(curve: list[dict], frames: int) -> dict:
 
 
 def kept_results(source: Path) -> dict[str, dict]:
-    """Each kept run's result.json by its folder's name (<library>-<task>-<seed>), from a pack (bench/packs.py) or
+    """Each kept run's result.json by its folder's name (<library>-<task>-<seed>), from a pack (phalanx_bench/packs.py) or
     from a study's folder."""
     return {run["name"]: run["result.json"] for run in packs.runs(source, "*/result.json")}
 
@@ -347,7 +256,8 @@ def plot(runs: list[dict], path: Path, tasks: list[str]) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The options of both sides (this module's and `vmas_phalanx`'s, which runs the Phalanx side's modes)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tasks", default="navigation,balance")
     p.add_argument("--seeds", default="1,2")
@@ -360,12 +270,32 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2, help="torch threads of every run")
     p.add_argument("--phalanx-set", default="", help="config keys over Phalanx's defaults, KEY=VALUE,... "
                    "(e.g. mappo_values=per_agent,torch_threads=1 for the settings before issue 30)")
-    p.add_argument("--out", default="bench/results/vmas_vs_benchmarl")
+    p.add_argument("--out", default=str(RESULTS / "vmas_vs_benchmarl"), help="[bench/results/vmas_vs_benchmarl]")
     p.add_argument("--one", nargs=3, metavar=("LIBRARY", "TASK", "SEED"), help=argparse.SUPPRESS)
     p.add_argument("--heuristic", metavar="TASK", help="score VMAS's own HeuristicPolicy for TASK (e.g. transport) "
                    "by the same protocol on each of --seeds, and print the figures")
     p.add_argument("--score", nargs="+", type=Path, metavar="RUN", help="score Phalanx run directories' latest "
                    "checkpoints by the same protocol (e.g. runs at the full default budget) and write RUN/eval_benchmarl.json")
+    return p
+
+
+def check_threads(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if "torch_threads" in args.phalanx_set:
+        p.error("--phalanx-set torch_threads: give --threads, which sets the threads of both libraries")
+    if args.threads < 1:
+        p.error(f"--threads must be >= 1; got {args.threads}")
+
+
+def phalanx_side(argv: list[str]) -> int:
+    """The Phalanx side's modes (`--one phalanx|random`, `--score`, `--heuristic`) in a process of their own
+    (`vmas_phalanx`): this module never imports phalanx, whose import sets OMP_WAIT_POLICY in the environment of every
+    process it starts, so that BenchMARL's runs start as they would without Phalanx installed."""
+    return subprocess.run([sys.executable, "-m", PHALANX_SIDE, *argv], check=False).returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    p = parser()
     args = p.parse_args(argv)
     out = Path(args.out)
     kept = None
@@ -373,47 +303,21 @@ def main(argv: list[str] | None = None) -> int:
         if args.one or args.score or args.heuristic:
             p.error("--out PACK only makes the table again from the runs it holds")
         kept, out = kept_results(out), out.parent
-    if args.heuristic:
-        import torch
-
-        torch.set_num_threads(args.threads)
-        for seed in (int(x) for x in args.seeds.split(",")):
-            print(json.dumps({"task": args.heuristic, "policy": "vmas HeuristicPolicy", "seed": seed, "episodes": args.eval_episodes,
-                              "return": run_heuristic(args.heuristic, seed, args.eval_episodes, args.device)}))
-        return 0
-    if args.score:
-        import torch
-
-        torch.set_num_threads(args.threads)
-        for run_dir in args.score:
-            result = {"run": str(run_dir), "episodes": args.eval_episodes, "return": score(run_dir, None, args.eval_episodes, args.device)}
-            (run_dir / "eval_benchmarl.json").write_text(json.dumps(result, indent=1) + "\n")
-            print(json.dumps(result))
-        return 0
-    if "torch_threads" in args.phalanx_set:
-        p.error("--phalanx-set torch_threads: give --threads, which sets the threads of both libraries")
-    if args.threads < 1:
-        p.error(f"--threads must be >= 1; got {args.threads}")
+    if args.heuristic or args.score:
+        return phalanx_side(argv)
+    check_threads(p, args)
     wanted = [args.one[0]] if args.one else args.libraries.split(",")
     if kept is None and "benchmarl" in wanted and importlib.util.find_spec("benchmarl") is None:
         p.error("BenchMARL is not installed: pip install -e '.[benchmarl]' && pip install --no-deps benchmarl==1.5.2")
+    if args.one and args.one[0] != "benchmarl":
+        return phalanx_side(argv)
     if args.one:
-        import torch
-
         torch.set_num_threads(args.threads)
-        lib, task, seed = args.one[0], args.one[1], int(args.one[2])
-        where = out / f"{lib}-{task}-{seed}"
+        task, seed = args.one[1], int(args.one[2])
+        where = out / f"benchmarl-{task}-{seed}"
         where.mkdir(parents=True, exist_ok=True)
-        settings = dict(kv.split("=", 1) for kv in args.phalanx_set.split(",") if kv)
-        if lib == "random":
-            result = run_random(task, seed, args.eval_episodes, args.device)
-        elif lib == "benchmarl":
-            result = run_benchmarl(task, seed, args.frames, args.eval_every, args.eval_episodes, args.device, where)
-        else:
-            result = run_phalanx(task, seed, args.phalanx_frames, args.eval_every, args.eval_episodes, args.device, where,
-                                 args.threads, settings)
-            result["settings"] = settings
-        (where / "result.json").write_text(json.dumps({"library": lib, "task": task, "seed": seed, **result}, indent=1))
+        result = run_benchmarl(task, seed, args.frames, args.eval_every, args.eval_episodes, args.device, where)
+        (where / "result.json").write_text(json.dumps({"library": "benchmarl", "task": task, "seed": seed, **result}, indent=1))
         return 0
     args.phalanx_frames = args.phalanx_frames or 2 * args.frames
     for value, name in ((args.frames, "--frames"), (args.phalanx_frames, "--phalanx-frames"), (args.eval_every, "--eval-every")):
@@ -433,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
                 result = out / name / "result.json"
                 if not result.exists():
                     print(f"{lib} {task} seed {seed} ...", flush=True)
-                    cmd = [sys.executable, __file__, "--one", lib, task, str(seed), "--frames", str(args.frames), "--phalanx-frames", str(args.phalanx_frames),
+                    module = "phalanx_bench.studies.vmas_vs_benchmarl" if lib == "benchmarl" else PHALANX_SIDE
+                    cmd = [sys.executable, "-m", module, "--one", lib, task, str(seed), "--frames", str(args.frames), "--phalanx-frames", str(args.phalanx_frames),
                            "--eval-every", str(args.eval_every), "--eval-episodes", str(args.eval_episodes),
                            "--device", args.device, "--threads", str(args.threads), "--out", str(out),
                            "--phalanx-set", args.phalanx_set]
