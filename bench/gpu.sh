@@ -117,7 +117,7 @@ stage_solve_graphs() {
 }
 
 stage_vmas() {  # Phalanx against BenchMARL MAPPO on VMAS (BenchMARL's 10M frames, which its collector rounds up to 167 batches)
-    $PY bench/vmas_vs_benchmarl.py --device cuda --tasks "${VMAS_TASKS:-navigation,balance}" --seeds "${VMAS_SEEDS:-1,2}" \
+    $PY -m phalanx_bench.studies.vmas_vs_benchmarl --device cuda --tasks "${VMAS_TASKS:-navigation,balance}" --seeds "${VMAS_SEEDS:-1,2}" \
         --frames "${VMAS_FRAMES:-10020000}" --eval-every "${VMAS_EVAL:-1200000}" --out "$RESULTS/vmas_vs_benchmarl" \
         2>&1 | grep -v "it/s" | tail -n 30 | tee "$RESULTS/vmas.log"
 }

@@ -130,7 +130,7 @@ def test_test_files_cited_in_docs_and_source_exist():
 
 def test_nothing_points_outside_the_repository():
     files = [README, *(ROOT / "docs").rglob("*"), *(ROOT / "src").rglob("*"), *(ROOT / "tests").rglob("*"),
-             *(ROOT / "bench").glob("*.py"), *(ROOT / "examples").rglob("*"), *(ROOT / "scripts").rglob("*")]
+             *(ROOT / "bench").glob("*.sh"), *(ROOT / "examples").rglob("*"), *(ROOT / "scripts").rglob("*")]
     bad = []
     for path in files:
         parts = path.relative_to(ROOT).parts
@@ -171,12 +171,12 @@ PENDING: set[tuple[str, str]] = set()
 
 def cited_sources() -> list[tuple[Path, str]]:
     """(file, text) of the pages and docstrings that may cite paths: README.md, docs/*.md, bench/README.md,
-    examples' READMEs; every docstring under src/; the module docstrings of tests/ and bench/ scripts."""
+    examples' READMEs; every docstring under src/; the module docstrings of tests/."""
     import ast
 
     out = [(page, page.read_text(encoding="utf-8")) for page in
            [*markdown_pages(), ROOT / "bench" / "README.md", *sorted((ROOT / "examples").glob("*/README.md"))]]
-    scripts = [*sorted((ROOT / "tests").glob("*.py")), *sorted((ROOT / "bench").glob("*.py"))]
+    scripts = sorted((ROOT / "tests").glob("*.py"))
     for path in [*(p for p in python_sources() if rel(p).startswith("src/")), *scripts]:
         tree = ast.parse(path.read_text(encoding="utf-8"))
         nodes = [tree] if path in scripts else [n for n in ast.walk(tree) if isinstance(
@@ -241,7 +241,7 @@ def test_the_path_check_catches_what_it_should():
     for stale in ("train.py", "src/phalanx/train.py", "bench/nosuch.py", "phalanx/bench.py", "models/kinds.py",
                   "scripts/nosuch.sh", "bench/results/nosuch/out.json"):
         assert missing_citation(stale, files), stale
-    for fine in ("rollout.py", "src/phalanx/cli/__init__.py", "bench/soak.py", "models/registry.py", "league/sampling.py",
+    for fine in ("rollout.py", "src/phalanx/cli/__init__.py", "bench/gpu.sh", "models/registry.py", "league/sampling.py",
                  "phalanx_bench/main.py", "tests/test_docs.py", "bench/results/bench.md", "docs/", "src/phalanx/...",
                  "league/snapshots/", "runs/x/model.safetensors", "ppo_continuous_action.py", "scripts/setup.sh."):
         assert missing_citation(fine, files) is None, fine

@@ -12,7 +12,7 @@ full column; a policy never plays one) loses for the mover, as a forfeit, and is
 
 They are also the examples of built-in envs with masks (docs/ENVIRONMENTS.md, Action masks): the record's
 `action_mask` [N, 2, n] holds the legal moves for the slot to move and allows all for the slot that waits, and
-`turn_observations()` gives the mover's observation as PettingZoo's dict, so the players of `bench/games/`
+`turn_observations()` gives the mover's observation as PettingZoo's dict, so the players of `phalanx_bench/players/`
 (`phalanx eval --vs`) play them as they play PettingZoo's.
 
 `opening_plies` K (training only: `phalanx eval` and the trainer's evaluations play from the empty board) starts

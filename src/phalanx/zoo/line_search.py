@@ -4,7 +4,7 @@
 `tactics_d` looks `d` plies ahead (its own move the first) and sees only the game's outcome: a win within its
 horizon is taken, the soonest first, a loss within it avoided where it can be, the slowest where it cannot; every
 other move is as good as any other, and the player picks among the equals uniformly at random. It has no
-positional judgement at all, so it is a different player from the bench's searches (bench/games/connect_four.py:
+positional judgement at all, so it is a different player from the bench's searches (phalanx_bench/players/connect_four.py:
 alpha-beta with a heuristic of open windows, the players a trained policy is judged against), and a policy that
 trained with it has not met the bench's players under another name. What it teaches is tactics: against
 `tactics_2` a move that lets the other side complete a line at once always loses.

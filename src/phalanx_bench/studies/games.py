@@ -191,7 +191,7 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=500, help="greedy games per seed, seat and opponent")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of each evaluation")
     ap.add_argument("--each", action="store_true", help="a table per run, under its name, not one over all runs")
-    ap.add_argument("--out", type=Path, help="write OUT.md (else print the table)")
+    ap.add_argument("--out", type=Path, help="write the table to OUT, its suffix .md (else print it)")
     args = ap.parse_args()
     with contextlib.ExitStack() as stack:
         runs = []

@@ -166,7 +166,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print JSON")
     ap.add_argument("--runs", type=Path, nargs="*", default=[],
                     help="trained runs of simple_spread to score as well (run folders, or packs of them)")
-    ap.add_argument("--out", type=Path, help="with --runs: write OUT.md and OUT.json")
+    ap.add_argument("--out", type=Path, help="with --runs: write the table to OUT, suffixed .md and .json")
     args = ap.parse_args()
     out = scores([run for given in args.runs for run in evaluated(given, args.episodes)], args.episodes, args.seeds)
     if args.json:

@@ -259,7 +259,7 @@ register_prefix("gym", _make_gym)
 
 # Tasks whose tuned PPO settings a peer publishes, as the training defaults of their `gym:` name (under a user's
 # config, like a built-in env's), so that `phalanx train --env gym:LunarLander-v3` learns without copying them.
-# Each is measured against the peer's own table in bench/learning_parity.py (docs/BENCHMARKS.md).
+# Each is measured against the peer's own table in phalanx_bench/studies/learning_parity.py (docs/BENCHMARKS.md).
 TUNED: dict[str, tuple[str, dict[str, Any]]] = {
     # The RL Zoo's ppo.yml entry (Stable-Baselines3): the learning rate constant, the value loss unclipped (the
     # schema's default too; clipped, the same 1M steps reached 95.7 sampled against 252.0, seed 1).

@@ -8,7 +8,7 @@ e.g. `--n-agents 3 --shared-rew false`; an option the scenario does not take is 
 
 Every `vmas:` name trains from Phalanx's VMAS defaults (BenchMARL's batch, network and discounting, Phalanx's
 optimiser settings). Six names carry BenchMARL's task settings: navigation, balance, dispersion, passage,
-transport and wheel (bench/vmas_vs_benchmarl.py measures them against BenchMARL's MAPPO).
+transport and wheel (phalanx_bench/studies/vmas_vs_benchmarl.py measures them against BenchMARL's MAPPO).
 """
 
 from __future__ import annotations
@@ -220,7 +220,7 @@ def _task(scenario: str, settings: dict[str, Any]):
     return factory
 
 
-# Phalanx's PPO for VMAS, the defaults of every `vmas:` name (bench/vmas_vs_benchmarl.py measured them on the six
+# Phalanx's PPO for VMAS, the defaults of every `vmas:` name (phalanx_bench/studies/vmas_vs_benchmarl.py measured them on the six
 # tasks below): BenchMARL's batch of 600 worlds x 100 steps, network (256x256 tanh), MAPPO critic on all observations
 # and discounting (gamma = lambda = 0.9), with fewer, larger optimisation steps than its 45 passes over 15 minibatches
 # at lr 5e-5.
