@@ -11,7 +11,7 @@ episode ended. Mix entries (config key `opponents`, e.g. `self_play:8,based:1.5,
 - `learner`: the current learner (its memory kept separately from the learner's own).
 - a scripted policy of the env (`phalanx envs` lists them), or `random` (uniform over the allowed actions).
 - a player written outside Phalanx, `module:callable` (as `phalanx eval --vs` takes it; turn-based PettingZoo
-  envs), e.g. `self_play:8,bench.games.tictactoe:act:1`.
+  envs), e.g. `self_play:8,phalanx_bench.players.tictactoe:act:1`.
 - a trained run's policy, frozen: `run:RUN_DIR` samples its actions (as snapshots do), `greedy:RUN_DIR` plays
   greedily (as `phalanx eval` plays it: what `phalanx exploit` trains a best response against), e.g.
   `greedy:runs/c4:1`. The run must be of the same env.
