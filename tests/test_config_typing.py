@@ -226,3 +226,10 @@ def test_a_python_caller_is_held_to_the_types_a_config_file_is():
     with pytest.raises(ConfigError, match="env option 'max_steps' of 'cartpole' must be int"):
         resolve({"env": "cartpole", "env_options": {"max_steps": "30"}})
     assert resolve({"env": "cartpole", "num_envs": 8, "anneal_lr": False}).num_envs == 8
+
+
+def test_a_number_outside_a_keys_int_choices_is_refused_naming_them():
+    """Int choices (play_outcome_plies: 0, 2-6) are named in the one-line error: joined as text, they raised a
+    TypeError instead (found by test_faults' random configs with play_outcome_plies 1)."""
+    with pytest.raises(ConfigError, match=r"config key 'play_outcome_plies' must be one of 0, 2, 3, 4, 5, 6; got 1"):
+        resolve({"env": "connect_four"}, {"play_outcome_plies": 1})

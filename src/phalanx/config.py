@@ -244,7 +244,7 @@ def _check_range(key: str, value: Any) -> None:
         bounds = f"in [{meta['min']}, {meta['max']}]" if meta["min"] is not None else f"<= {meta['max']:g}"
         raise ConfigError(f"config key '{key}' must be {bounds}, got {value!r}")
     if meta["choices"] is not None and value not in meta["choices"]:
-        raise ConfigError(f"config key '{key}' must be one of {', '.join(meta['choices'])}; got {value!r}")
+        raise ConfigError(f"config key '{key}' must be one of {', '.join(map(str, meta['choices']))}; got {value!r}")
 
 
 class _YamlLoader(yaml.SafeLoader):
