@@ -119,6 +119,13 @@ class Config:
                                "the policy itself, both sides sampling as in training, and play the best (on-line policy "
                                "improvement by Monte Carlo search); 0: the net's most likely move. Sampled moves "
                                "(training's rollouts, snapshots) never search; without exact_outcomes the key does nothing", min=0)
+    play_solve_empties: int = _f(0, "model=board with exact_outcomes: where the policy plays greedily (phalanx eval, "
+                                    "packages, greedy opponents), a position with at most this many empty cells is "
+                                    "solved to the end of the game (the env's solver: connect four) and the policy plays "
+                                    "only moves that keep its best outcome, the net and play_rollouts choosing among "
+                                    "them; 0: never. Each empty cell more multiplies a search's time (24: milliseconds "
+                                    "to tenths of a second a position on one core); sampled moves never solve",
+                                 min=0, max=30)
     lstm_hidden: int = _f(128, "LSTM width (model=lstm)", positive=True)
     tf_width: int = _f(64, "transformer width (model=transformer; also the strategy encoder and role attention)", positive=True)
     tf_layers: int = _f(2, "transformer layers", positive=True)

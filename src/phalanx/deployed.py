@@ -132,9 +132,12 @@ class DeployedPolicy(nn.Module):
         _plain_tanh(frozen.model)
         # A board policy's play search (play_rollouts: games played on, a loop whose length depends on the game) is
         # no graph: the graph is the net's own greedy play, and `policy` keeps its search.
+        # Nor is its endgame solver (play_solve_empties: a search on the host).
         self.search_left_out = 0
+        self.solver_left_out = False
         if isinstance(frozen.model, BoardActorCritic):
             self.search_left_out, frozen.model.play_rollouts = frozen.model.play_rollouts, 0
+            self.solver_left_out, frozen.model.play_solved = frozen.model.play_solved is not None, None
         self.policy = frozen  # not a module: its preprocess is the run's, reading the modules registered below
         self.model = frozen.model
         self.obs_rms = frozen.obs_rms

@@ -100,6 +100,18 @@ def _bounds(values: tuple[float, ...]) -> float | str | list[float | str]:
     return _bound(values[0]) if len(set(values)) == 1 else [_bound(x) for x in values]
 
 
+
+def _play_search(deployed: DeployedPolicy, solve_empties: int) -> str:
+    """The contract's word on what the run's greedy play does that the graph leaves out (DeployedPolicy)."""
+    parts = []
+    if deployed.search_left_out:
+        parts.append(f"{deployed.search_left_out} games played on from each move it likes (play_rollouts)")
+    if deployed.solver_left_out:
+        parts.append(f"its endgames solved from {solve_empties} empty cells (play_solve_empties)")
+    if not parts:
+        return "none"
+    return "left out: the run plays greedily after " + " and ".join(parts) + "; the graph plays the net's own greedy move"
+
 def contract(deployed: DeployedPolicy, opset: int, exporter: str) -> dict[str, Any]:
     """The I/O contract of the exported graph: what docs/EXPORT.md describes, for this run."""
     policy, cfg = deployed.policy, deployed.policy.config
@@ -123,9 +135,7 @@ def contract(deployed: DeployedPolicy, opset: int, exporter: str) -> dict[str, A
         "greedy": True, "batch_axis": "batch (dynamic, >= 1); the second axis is the agent slot",
         "inputs": [s.to_json() for s in deployed.inputs], "outputs": [s.to_json() for s in deployed.outputs],
         "distribution": list(distribution_names(policy.action_space)), "value": value, "memory": memory,
-        "play_search": (f"left out: the run plays greedily after {deployed.search_left_out} games played on from each "
-                        "move it likes (play_rollouts); the graph plays the net's own greedy move"
-                        if deployed.search_left_out else "none"),
+        "play_search": _play_search(deployed, cfg.play_solve_empties),
     }
 
 
@@ -352,7 +362,7 @@ def lockstep(run: str | Path | Policy, onnx_path: str | Path, episodes: int = 20
                 feeds.update({EPISODE_START: prev_done.cpu().numpy(), ACTIVE: rec.active.cpu().numpy(), **memory})
             got = dict(zip(out_names, session.run(None, feeds)))
             # The graph leaves a play search out (DeployedPolicy): it is compared with the policy's play without it.
-            played = deployed.policy if deployed.search_left_out else policy
+            played = deployed.policy if deployed.search_left_out or deployed.solver_left_out else policy
             actions = played.act(rec.obs, greedy=True, reset=prev_done, active=rec.active, mask=rec.action_mask)
             mine = actions.cpu().numpy()
             if discrete:

@@ -34,6 +34,6 @@ ROLE_ATTENTION = ModelKind("role_attention", "attention over the other slots, po
 
 BOARD = ModelKind("board", "residual conv net over a board's planes, optionally mirror-symmetric (board games)",
                   keys=("board_channels", "board_blocks", "mirror", "lookahead", "exact_outcomes", "outcome_plies",
-                        "play_outcome_plies", "play_rollouts"))
+                        "play_outcome_plies", "play_rollouts", "play_solve_empties"))
 
 KINDS: dict[str, ModelKind] = {k.name: k for k in (MLP, LSTM, TRANSFORMER, STRATEGY, CNN, ROLE_ATTENTION, BOARD)}

@@ -296,9 +296,12 @@ def _limitations(cfg: Config, table: dict[str, Any], contract: dict[str, Any]) -
              + (" (training-only options off)" if registry.evaluation_options(cfg.env, cfg.env_options) != cfg.env_options
                 else "") + "; it measures these opponents and this seed, not every opponent a user may bring."]
     if contract["play_search"] != "none":
-        items.append(f"- The evaluation's greedy play searches (`play_rollouts` {cfg.play_rollouts}: games played on from "
-                     "each move the net likes); the graph does not: it plays the net's own greedy move, which is weaker "
-                     "(docs/EXPORT.md).")
+        searches = [f"`play_rollouts` {cfg.play_rollouts}: games played on from each move the net likes"] \
+            if cfg.play_rollouts else []
+        if cfg.play_solve_empties:
+            searches.append(f"`play_solve_empties` {cfg.play_solve_empties}: endgames solved")
+        items.append(f"- The evaluation's greedy play searches ({'; '.join(searches)}); the graph does not: it plays the "
+                     "net's own greedy move, which is weaker (docs/EXPORT.md).")
     if not any(o["name"] == "value" for o in contract["outputs"]):
         items.append("- The graph has no value output: this run's critic (MAPPO) reads the world's state, which the graph "
                      "does not take.")

@@ -285,6 +285,7 @@ def load_run_config(run_dir: Path) -> Config:
         data.setdefault("mappo_values", "per_agent")  # runs from before the key trained per-agent critics
         data.setdefault("play_outcome_plies", 0)  # ... and played greedily at outcome_plies, not the env's default now
         data.setdefault("play_rollouts", 0)  # ... and greedily without a search
+        data.setdefault("play_solve_empties", 0)  # ... and without solving their endgames
     manifest = Path(run_dir) / "manifest.json"
     if manifest.is_file():  # a plugin env trained from another directory: import it from where it was found
         try:

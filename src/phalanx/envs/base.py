@@ -138,6 +138,9 @@ class VecEnv:
     # True where `move_outcome_fn` gives, from a slot's observation alone, which of its moves force a win and which
     # let the other side force one within a few plies (a board game's rules): `model: board` with `exact_outcomes`.
     has_move_outcomes: bool = False
+    # True where `solved_outcome_fn` gives, from a slot's observation alone, each of its moves' outcome under perfect
+    # play to the end of the game (a board game small enough to solve near its end): `play_solve_empties`.
+    has_solved_outcomes: bool = False
 
     def reset(self, seed: int | None = None) -> StepRecord:
         """Every copy afresh (`seed`: the env's draws from now on; None: go on from its generator) -> the first
@@ -213,6 +216,13 @@ class VecEnv:
         sooner, the larger, at most 1), below -0.5 a loss the other side can force (the later, the larger), 0 neither;
         any value for a move the mask forbids. Pure tensor code that holds no env state, like `afterstate_fn`."""
         raise NotImplementedError(f"env '{self.name}' has no move outcomes")
+
+    def solved_outcome_fn(self, empties: int) -> Callable[[torch.Tensor], torch.Tensor]:
+        """Where `has_solved_outcomes`: a function from observations [..., *obs_shape] of the slot to move to [..., n],
+        each move's outcome with perfect play by both sides to the end of the game (1 a win, 0 a draw, -1 a loss, or
+        a move the mask forbids) on the boards with at most `empties` empty cells, NaN on the others. A search on the
+        host, not tensor code: for greedy play, never a rollout. It holds no env state, like `move_outcome_fn`."""
+        raise NotImplementedError(f"env '{self.name}' has no solved outcomes")
 
     def turn_observations(self) -> list[tuple[int, Any]] | None:
         """Per copy, the slot to move and its observation in the game's own form (a turn-based PettingZoo env's

@@ -20,6 +20,12 @@ else to the moves after which the other side cannot force a win where there are 
 net learns the rest: which of the safe moves is best, everything beyond the horizon. It is part of the policy (its
 snapshots play by it, `phalanx eval` plays it), not of the game: the env's mask still allows every legal move.
 
+`play_solved` (the env's `VecEnv.solved_outcome_fn`: config key `play_solve_empties`) reads, where the policy plays
+greedily, the game's outcome under perfect play on the boards near the end (an endgame table, as chess engines keep
+one), and narrows the moves the outcomes leave to those that keep the best of it: a won ending is never drawn or
+lost by a move the net likes, nor a drawn one lost. The net (and the play search) still chooses among them, and
+alone wherever the board has more empty cells.
+
 `mirror_actions` (the env's `VecEnv.mirror_actions`: where each action goes when the board is reflected left to
 right) makes the policy and value exactly symmetric: the net runs on the board and on its reflection, and the
 reflection's action preferences are mapped back and averaged with the board's. A board and its mirror image are
@@ -83,6 +89,7 @@ class BoardActorCritic(nn.Module):
         play_outcomes: Callable[[torch.Tensor], torch.Tensor] | None = None,
         successors: Callable[[torch.Tensor], torch.Tensor] | None = None,
         play_rollouts: int = default("play_rollouts"),
+        play_solved: Callable[[torch.Tensor], torch.Tensor] | None = None,
         init_log_std: float = default("init_log_std"),
     ):
         super().__init__()
@@ -104,6 +111,9 @@ class BoardActorCritic(nn.Module):
         if play_rollouts and (successors is None or move_outcomes is None):
             raise ValueError("play_rollouts needs the game's successors and move outcomes (a deterministic board game)")
         self.successors, self.play_rollouts = successors, play_rollouts
+        if play_solved is not None and move_outcomes is None:
+            raise ValueError("play_solved narrows the moves the exact outcomes leave: it needs move_outcomes")
+        self.play_solved = play_solved
         self._search_memory: tuple[tuple[int, ...], dict[tuple[int, int], int]] = ((), {})
         self.stem = layer_init(nn.Conv2d(P + 1, channels, 3, padding=1))
         self.blocks = nn.Sequential(*(ResidualBlock(channels) for _ in range(blocks)))
@@ -162,7 +172,11 @@ class BoardActorCritic(nn.Module):
         outcomes = self.play_outcomes if greedy and self.play_outcomes is not None else self.move_outcomes
         if outcomes is None:
             return mask
-        return _narrowed(outcomes(obs.to(self.stem.weight.dtype)), mask)
+        boards = obs.to(self.stem.weight.dtype)
+        allowed = _narrowed(outcomes(boards), mask)
+        if greedy and self.play_solved is not None:
+            allowed = _best_solved(self.play_solved(boards), allowed)
+        return allowed
 
     def _reading(self, boards: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Boards [M, H, W, P] -> (the net's actor output [M, n], the board each move makes [M, n, H, W, P], the moves
@@ -269,6 +283,13 @@ def _narrowed(outcome: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     best = torch.where(allowed, outcome, -torch.inf).amax(-1, keepdim=True)
     floor = torch.where((best > 0.5) | (best < -0.5), best - 1e-4, -0.5)
     return allowed & (outcome >= floor)
+
+
+def _best_solved(solved: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """The moves of `allowed` whose outcome under perfect play, `solved` [..., n], is the best among them, on the
+    boards the solver reached (finite values); `allowed` as it is on the others."""
+    best = torch.where(allowed, solved, -torch.inf).amax(-1, keepdim=True)
+    return torch.where(solved.isfinite().all(-1, keepdim=True), allowed & (solved >= best), allowed)
 
 
 __all__ = ["BoardActorCritic", "ResidualBlock"]

@@ -226,6 +226,9 @@ def _check_board(cfg: Config, env: VecEnv) -> None:
     if cfg.play_rollouts and not env.has_afterstates:
         raise ConfigError(f"config key 'play_rollouts' is {cfg.play_rollouts} but env '{cfg.env}' has no afterstates (a "
                           "deterministic board game's move function) to play games on with; allowed for it: 0")
+    if cfg.play_solve_empties and not env.has_solved_outcomes:
+        raise ConfigError(f"config key 'play_solve_empties' is {cfg.play_solve_empties} but env '{cfg.env}' has no "
+                          "solver (a board game's outcomes under perfect play to its end); allowed for it: 0")
     if cfg.mirror and env.mirror_actions is None:
         raise ConfigError(f"config key 'mirror' is true but env '{cfg.env}' declares no mirror_actions (no left-right "
                           "symmetry); allowed for it: false")
@@ -241,6 +244,8 @@ def _build_board(cfg: Config, env: VecEnv) -> ActorCritic:
                             if cfg.exact_outcomes and cfg.play_outcome_plies not in (0, cfg.outcome_plies) else None,
                             successors=env.afterstate_fn() if cfg.play_rollouts and cfg.exact_outcomes else None,
                             play_rollouts=cfg.play_rollouts if cfg.exact_outcomes else 0,
+                            play_solved=env.solved_outcome_fn(cfg.play_solve_empties)
+                            if cfg.exact_outcomes and cfg.play_solve_empties else None,
                             init_log_std=cfg.init_log_std)
 
 

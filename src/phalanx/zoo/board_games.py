@@ -37,6 +37,7 @@ from phalanx.envs.base import StepRecord, VecEnv
 from phalanx.envs.registry import EnvOption, EnvSpec, register
 from phalanx.envs.spaces import Box, Discrete
 from phalanx.errors import ConfigError
+from phalanx.zoo.gravity_solver import GravitySolver
 from phalanx.zoo.line_search import LineSearch
 
 
@@ -62,6 +63,27 @@ def move_outcomes(obs: torch.Tensor, search: LineSearch, plies: int) -> torch.Te
     mine, theirs = (torch.where(cells[..., p], search.cell_bits, 0).sum(-1) for p in (0, 1))
     value = search.values(mine, theirs, plies).clamp_min(-1.0)
     return value.to(obs.dtype if obs.is_floating_point() else torch.float32).reshape(*obs.shape[:-3], -1)
+
+
+# One solver per board size, shared by every model and copy (a model's snapshots would otherwise copy its table):
+# its values are the game's, whichever positions it searched before.
+_SOLVERS: dict[tuple[int, int], GravitySolver] = {}
+
+
+def solved_outcomes(obs: torch.Tensor, rows: int, cols: int, empties: int) -> torch.Tensor:
+    """Boards [..., rows, cols, 2] of the mover (gravity, four in a line) -> [..., cols]: each move's outcome under
+    perfect play (`VecEnv.solved_outcome_fn`: 1 a win, 0 a draw, -1 a loss or a full column) where the board has at
+    most `empties` empty cells and could be the mover's (no more pieces of its own than the other's), NaN elsewhere."""
+    solver = _SOLVERS.setdefault((rows, cols), GravitySolver(rows, cols))
+    cells = obs.reshape(-1, rows * cols, obs.shape[-1]).detach().cpu() > 0.5
+    bits = torch.tensor([solver.bit(r, c) for r in range(rows) for c in range(cols)])
+    mine, theirs = (torch.where(cells[..., p], bits, 0).sum(-1) for p in (0, 1))
+    own, other = cells[..., 0].sum(-1), cells[..., 1].sum(-1)
+    values = torch.full((cells.shape[0], cols), torch.nan)
+    for i in ((rows * cols - own - other <= empties) & (own <= other)).nonzero().squeeze(-1).tolist():
+        values[i] = torch.tensor([-1.0 if v is None else float(v) for v in solver.move_values(int(mine[i]), int(theirs[i]))])
+    dtype = obs.dtype if obs.is_floating_point() else torch.float32
+    return values.to(device=obs.device, dtype=dtype).reshape(*obs.shape[:-3], cols)
 
 
 class LineGameEnv(VecEnv):
@@ -124,6 +146,13 @@ class LineGameEnv(VecEnv):
     def move_outcome_fn(self, plies: int = 2) -> Callable[[torch.Tensor], torch.Tensor]:
         """`move_outcomes` on this board, `plies` deep (`VecEnv.move_outcome_fn`)."""
         return functools.partial(move_outcomes, search=self.search, plies=plies)
+
+    def solved_outcome_fn(self, empties: int) -> Callable[[torch.Tensor], torch.Tensor]:
+        """`solved_outcomes` on this board, of the positions with at most `empties` empty cells
+        (`VecEnv.solved_outcome_fn`: connect four)."""
+        if not self.has_solved_outcomes:
+            return super().solved_outcome_fn(empties)
+        return functools.partial(solved_outcomes, rows=self.rows, cols=self.cols, empties=empties)
 
     @classmethod
     def most_opening_plies(cls) -> int:
@@ -275,6 +304,7 @@ class ConnectFourEnv(LineGameEnv):
     """PettingZoo's connect_four_v3: 4 in a line on 6 x 7, a move drops a piece into a column (0-6)."""
 
     name, rows, cols, k, gravity = "connect_four", 6, 7, 4, True
+    has_solved_outcomes = True  # zoo/gravity_solver.py
 
 
 # Self-play league with the learner in both seats (league/seats.py); an entropy bonus keeps the learner and its
@@ -314,9 +344,11 @@ register(
         options={"opening_plies": opening_option(ConnectFourEnv)},
         # The board read as an image, each move by the board it makes and the game's outcomes two plies deep, and a
         # league with the searchers, most of them judging positions (threats_d); greedy play judges the moves the net
-        # likes by 16 games played on from each: docs/EXPERIMENTS.md (issue 62) measures each lever alone.
+        # likes by 16 games played on from each, and solves the last 24 empty cells (a won ending the net drew is won):
+        # docs/EXPERIMENTS.md (issue 62) measures each lever alone.
         train_defaults={**GAME_DEFAULTS, "model": "board", "board_channels": 16, "board_blocks": 0, "lookahead": True,
                         "exact_outcomes": True, "outcome_plies": 2, "play_outcome_plies": 6, "play_rollouts": 16,
+                        "play_solve_empties": 24,
                         "total_steps": 10_000_000, "env_options": {"opening_plies": 4},
                         "opponents": "self_play:6,learner:2,random:1,tactics_1:1,tactics_2:2,threats_2:2,threats_3:2,threats_4:4"},
     )
