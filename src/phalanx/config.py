@@ -124,7 +124,7 @@ class Config:
                                     "solved to the end of the game (the env's solver: connect four) and the policy plays "
                                     "only moves that keep its best outcome, the net and play_rollouts choosing among "
                                     "them; 0: never. Each empty cell more multiplies a search's time (24: milliseconds "
-                                    "to tenths of a second a position on one core); sampled moves never solve",
+                                    "to about 2 s a position on one core); sampled moves never solve",
                                  min=0, max=30)
     lstm_hidden: int = _f(128, "LSTM width (model=lstm)", positive=True)
     tf_width: int = _f(64, "transformer width (model=transformer; also the strategy encoder and role attention)", positive=True)

@@ -156,7 +156,10 @@ def table(runs: list[Path], episodes: int, threads: int) -> str:
              f"{min(secs) / 60:.1f}-{max(secs) / 60:.1f} min a run; illegal moves in training: {shown}; "
              f"{episodes} greedy games per seed and seat"
              + (f" (greedy play: the move whose {configs[0]['play_rollouts']} games played on from each move the net "
-                "likes score best)" if configs[0].get("play_rollouts") else ""),
+                "likes score best" + (f", among the moves that keep the best outcome under perfect play where at most "
+                                      f"{configs[0]['play_solve_empties']} cells are empty"
+                                      if configs[0].get("play_solve_empties") else "") + ")"
+                if configs[0].get("play_rollouts") else ""),
              "", "| opponent | seat | won / drawn / lost (all seeds) | losses per seed | score [95% interval] |",
              "|---|---|---|---|---|"]
     # The game's players every run was evaluated against: a study kept from before a player was added remakes as made.
