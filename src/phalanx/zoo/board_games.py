@@ -74,7 +74,9 @@ def solved_outcomes(obs: torch.Tensor, rows: int, cols: int, empties: int) -> to
     """Boards [..., rows, cols, 2] of the mover (gravity, four in a line) -> [..., cols]: each move's outcome under
     perfect play (`VecEnv.solved_outcome_fn`: 1 a win, 0 a draw, -1 a loss or a full column) where the board has at
     most `empties` empty cells and could be the mover's (no more pieces of its own than the other's), NaN elsewhere."""
-    solver = _SOLVERS.setdefault((rows, cols), GravitySolver(rows, cols))
+    solver = _SOLVERS.get((rows, cols))
+    if solver is None:
+        solver = _SOLVERS[rows, cols] = GravitySolver(rows, cols)
     cells = obs.reshape(-1, rows * cols, obs.shape[-1]).detach().cpu() > 0.5
     bits = torch.tensor([solver.bit(r, c) for r in range(rows) for c in range(cols)])
     mine, theirs = (torch.where(cells[..., p], bits, 0).sum(-1) for p in (0, 1))
