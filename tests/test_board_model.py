@@ -150,6 +150,7 @@ def test_connect_four_defaults_to_the_board_model_and_another_model_drops_its_ke
     assert (cfg.model, cfg.lookahead, cfg.exact_outcomes, cfg.outcome_plies, cfg.play_outcome_plies, cfg.board_channels) \
         == ("board", True, True, 2, 6, 16)
     assert "threats_4" in cfg.opponents and "tactics_4" not in cfg.opponents
+    assert cfg.env_options == {"opening_plies": 6}  # the longest random opening (issue 62)
     mlp = resolve({"env": "connect_four", "model": "mlp"})
     assert (mlp.model, mlp.lookahead, mlp.exact_outcomes) == ("mlp", False, False)
     build_model(mlp, make("connect_four", num_envs=1))
