@@ -151,15 +151,16 @@ def table(runs: list[Path], episodes: int, threads: int) -> str:
         raise SystemExit(f"runs with different env options: {sorted(options)}")
     trained_on = configs[0].get("env_options") or {}
     shown_options = f" ({', '.join(f'{k} {v}' for k, v in sorted(trained_on.items()))})" if trained_on else ""
+    rollouts, solved = configs[0].get("play_rollouts"), configs[0].get("play_solve_empties")
+    play = ""
+    if rollouts:
+        table_read = (f", among the moves that keep the best outcome under perfect play where at most {solved} cells "
+                      "are empty") if solved else ""
+        play = f" (greedy play: the move whose {rollouts} games played on from each move the net likes score best{table_read})"
     lines = [f"{env}{shown_options}, seeds {', '.join(map(str, seeds))}, {', '.join(f'{s:,}' for s in steps)} steps, "
              f"opponents `{configs[0]['opponents'] or 'none (self-play: the learner in both slots)'}`; training "
              f"{min(secs) / 60:.1f}-{max(secs) / 60:.1f} min a run; illegal moves in training: {shown}; "
-             f"{episodes} greedy games per seed and seat"
-             + (f" (greedy play: the move whose {configs[0]['play_rollouts']} games played on from each move the net "
-                "likes score best" + (f", among the moves that keep the best outcome under perfect play where at most "
-                                      f"{configs[0]['play_solve_empties']} cells are empty"
-                                      if configs[0].get("play_solve_empties") else "") + ")"
-                if configs[0].get("play_rollouts") else ""),
+             f"{episodes} greedy games per seed and seat{play}",
              "", "| opponent | seat | won / drawn / lost (all seeds) | losses per seed | score [95% interval] |",
              "|---|---|---|---|---|"]
     # The game's players every run was evaluated against: a study kept from before a player was added remakes as made.
