@@ -98,6 +98,19 @@ def test_the_study_score_interval_holds_its_mean_and_the_seed_spread():
     assert lo < 0.5 < hi and hi - lo < 0.15
 
 
+def test_the_study_caption_names_the_training_levers_and_refuses_runs_that_differ_in_one():
+    from phalanx.config import Config
+    from phalanx_bench.studies.games import training_keys
+
+    base = {k: v for k, v in vars(Config(env="connect_four")).items()}
+    caption = training_keys([base, {**base, "seed": 2}])
+    assert caption.startswith(f"lr {base['lr']}, gamma {base['gamma']}, lambda {base['gae_lambda']}, a batch of ")
+    assert "mirrored" not in caption
+    assert training_keys([{**base, "gamma": 1.0, "gae_lambda": 1.0, "mirror": True}]).endswith("(pfsp), mirrored")
+    with pytest.raises(SystemExit, match="different settings of lr"):
+        training_keys([base, {**base, "lr": 3e-3}])
+
+
 def test_varied_players_break_ties_at_random_and_stay_perfect():
     first_moves = {tictactoe.varied(board()) for _ in range(40)}
     assert len(first_moves) > 1  # every square draws under perfect play

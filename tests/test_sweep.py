@@ -148,12 +148,13 @@ def test_the_same_sweep_runs_on_a_local_ray_instance(tmp_path):
     assert start.returncode == 0, start.stdout + start.stderr
     try:
         spec, d = tmp_path / "spec.yaml", tmp_path / "sweep"
-        spec.write_text(SPEC.replace("total_steps: 8192", "total_steps: 1024"))
+        # Two trials, one a worker: each is a fresh `phalanx train` process, and Ray's start is most of the time.
+        spec.write_text(SPEC.replace("total_steps: 8192", "total_steps: 1024").replace("seeds: [1, 2]", "seeds: [1]"))
         out = subprocess.run(_sweep_cmd(spec, d, "--backend", "ray", "--address", f"127.0.0.1:{port}"),
                              capture_output=True, text=True, timeout=600, env=env)
         assert out.returncode == 0, out.stdout + out.stderr
         trials = json.loads((d / "sweep.json").read_text())["trials"]
-        assert [t["status"] for t in trials] == ["done"] * 4
+        assert [t["status"] for t in trials] == ["done"] * 2
         assert all(read_metrics(d / "runs" / t["name"])[-1]["step"] == 1024 for t in trials)
         assert main(["compare", str(d), "--out", str(tmp_path / "cmp")]) == 0
     finally:

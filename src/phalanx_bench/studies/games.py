@@ -121,16 +121,36 @@ def score_interval(counts: list[tuple[int, int, int]], reps: int = 4000, seed: i
     rng = np.random.default_rng(seed)
     probs = [np.array(c, dtype=float) / max(sum(c), 1) for c in counts]
     mean = float(np.mean([(w + d / 2) / max(w + d + lo, 1) for w, d, lo in counts]))
+    games = [sum(c) for c in counts]
     boot = np.empty(reps)
+    # Python floats summed in order are numpy's mean of fewer than 8 numbers bit for bit (the kept studies remake
+    # byte for byte), at a tenth of the time: np.mean's overhead on a few numbers was most of a 13-table study.
     for k in range(reps):
-        picked = rng.integers(len(counts), size=len(counts))
-        scores = []
-        for i in picked:
-            w, d, _ = rng.multinomial(sum(counts[i]), probs[i])
-            scores.append((w + d / 2) / max(sum(counts[i]), 1))
-        boot[k] = np.mean(scores)
+        total = 0.0
+        for i in rng.integers(len(counts), size=len(counts)).tolist():
+            w, d, _ = rng.multinomial(games[i], probs[i]).tolist()
+            total += (w + d / 2) / max(games[i], 1)
+        boot[k] = total / len(counts)
     lo, hi = np.percentile(boot, [2.5, 97.5])
     return mean, float(lo), float(hi)
+
+
+# The training settings a study's caption names (each a lever of docs/EXPERIMENTS.md's ablations).
+TRAINING_KEYS = ("lr", "gamma", "gae_lambda", "num_envs", "num_steps", "num_epochs", "pool_size", "pool_sampling",
+                 "mirror")
+
+
+def training_keys(configs: list[dict]) -> str:
+    """The caption's training settings, the same in every run of a study: "lr 0.001, gamma 0.99, lambda 0.95, a
+    batch of 256 envs x 32 steps, 4 epochs, a pool of 8 snapshots (pfsp)", and ", mirrored" where the runs trained on
+    each board and its reflection (configs from before `mirror` existed did not)."""
+    settings = {json.dumps([c.get(k) for k in TRAINING_KEYS]) for c in configs}
+    if len(settings) != 1:
+        raise SystemExit(f"runs trained with different settings of {', '.join(TRAINING_KEYS)}: {sorted(settings)}")
+    c = configs[0]
+    return (f"lr {c['lr']}, gamma {c['gamma']}, lambda {c['gae_lambda']}, a batch of {c['num_envs']} envs x "
+            f"{c['num_steps']} steps, {c['num_epochs']} epochs, a pool of {c['pool_size']} snapshots "
+            f"({c['pool_sampling']}){', mirrored' if c.get('mirror') else ''}")
 
 
 def table(runs: list[Path], episodes: int, threads: int) -> str:
@@ -158,6 +178,7 @@ def table(runs: list[Path], episodes: int, threads: int) -> str:
                       "are empty") if solved else ""
         play = f" (greedy play: the move whose {rollouts} games played on from each move the net likes score best{table_read})"
     lines = [f"{env}{shown_options}, seeds {', '.join(map(str, seeds))}, {', '.join(f'{s:,}' for s in steps)} steps, "
+             f"{training_keys(configs)}, "
              f"opponents `{configs[0]['opponents'] or 'none (self-play: the learner in both slots)'}`; training "
              f"{min(secs) / 60:.1f}-{max(secs) / 60:.1f} min a run; illegal moves in training: {shown}; "
              f"{episodes} greedy games per seed and seat{play}",
