@@ -178,6 +178,18 @@ def test_snapshots_rotate_and_pool_keeps_pinned(tmp_path):
     assert all(not o["retired"] for o in snaps if o["pinned"])
 
 
+def test_the_pool_keeps_the_newest_snapshots_as_bank_slots_are_reused(tmp_path):
+    """The pool retires its oldest snapshot, whichever bank slot each lies in. It retired the one in the lowest slot:
+    once a retired snapshot's slot was freed and the next snapshot took it, that newest snapshot was retired at once,
+    and the pool stayed the snapshots of the run's first half for good (connect four's defaults played its 1.0M-4.6M
+    moves' selves until 10M)."""
+    cfg = dict(RPS, opponents="self_play:1", total_steps=128 * 10, snapshot_every=128, pool_size=2)
+    phalanx.train(run_dir=tmp_path / "r", **cfg)
+    state = json.loads((tmp_path / "r" / LEAGUE_FILE).read_text())
+    live = sorted(o["step"] for o in state["opponents"] if o["kind"] == "snapshot" and not o["retired"])
+    assert live == [128 * 9, 128 * 10]
+
+
 def test_pool_and_ratings_survive_resume(tmp_path):
     cfg = dict(RPS, opponents="self_play:2,rock:1,paper:1", total_steps=128 * 6, seed=3, checkpoint_every=128,
                snapshot_every=256, pool_size=2)

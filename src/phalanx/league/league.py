@@ -382,7 +382,10 @@ class League:
         opp = self.players[slot] = Opponent(name, "snapshot", policy, step, pinned=pin)
         self.ratings.ensure(name, like=LEARNER)
         self.last_snapshot_step = step
-        pool = [o for o in self.players if o is not None and o.kind == "snapshot" and not o.retired and not o.pinned]
+        # Oldest first by step, not by bank slot: a freed slot takes the next snapshot, and retiring in slot order
+        # retired that newest one at once, freezing the pool at the run's first snapshots.
+        pool = sorted((o for o in self.players if o is not None and o.kind == "snapshot" and not o.retired and not o.pinned),
+                      key=lambda o: o.step)
         for old in pool[: max(0, len(pool) - self.params.pool_size)]:
             old.retired = True
         self.in_use.add(slot)
