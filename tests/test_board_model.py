@@ -309,3 +309,37 @@ def test_the_play_search_rides_on_exact_outcomes_and_changes_no_training_step(tm
         weights.append(load_file(str(ckpt.latest_checkpoint(tmp_path / str(rollouts)) / ckpt.WEIGHTS_FILE)))
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
     assert phalanx.load(tmp_path / "4").model.play_rollouts == 4
+
+
+@pytest.mark.parametrize("rows_only", [True, False])
+def test_a_leagues_alike_players_read_their_moves_once_and_play_as_if_each_read_its_own(rows_only):
+    """A league's learner and snapshots are copies of one policy: the moves they choose from (the exact outcomes'
+    narrowing) are read once a step for all of them (`SlotPlan.alike`), and every sampled action is the one each
+    player reading its own moves plays, from the same draws; on boards where the narrowing leaves fewer moves than
+    the mask, so a misplaced row of moves changes actions."""
+    from phalanx.policy import Policy
+    from phalanx.slots import LEARNER_SLOT, SlotPlan, opponent_slots
+    env, rec = boards("connect_four", n=48, plies=13)
+    cfg = resolve({"env": "connect_four", "model": "board", "lookahead": True, "exact_outcomes": True,
+                   "board_channels": 8})
+    players = []
+    for seed in range(3):
+        torch.manual_seed(seed)
+        players.append(Policy(build_model(cfg, env), None, cfg, env.observation_space, env.action_space))
+    side = opponent_slots(env.num_agents, env.device)
+    cols = side.nonzero().squeeze(1)
+    who = torch.where(side[None], (torch.arange(48) % 3)[:, None], LEARNER_SLOT)
+    narrowed = players[0].moves(rec.obs[:, cols], rec.action_mask[:, cols], False)
+    assert (narrowed != rec.action_mask[:, cols]).any()
+    reads = []
+    for p in players:
+        p.model.moves = (lambda f: lambda *a, **k: reads.append(1) or f(*a, **k))(p.model.moves)
+    played = {}
+    for alike in ((), (0, 1, 2)):
+        reads.clear()
+        plan = SlotPlan(env, players, columns=cols, alike=alike)
+        played[alike] = plan.fill(torch.full((48, 2), -1, dtype=torch.long), who, rec, torch.Generator().manual_seed(1),
+                                  None, rows_only=rows_only)
+        assert len(reads) == (3 if not alike else 1)
+    assert torch.equal(played[()], played[(0, 1, 2)])
+    assert (played[()][:, cols] >= 0).all()

@@ -71,13 +71,15 @@ class Policy:
     def act(
         self, obs: torch.Tensor, greedy: bool = True, generator: Source = None,
         reset: torch.Tensor | None = None, active: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+        moves: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Map a batch of observations [..., A, *obs_shape] to env actions, greedy or sampled.
 
         Memory policies carry their memory between calls: pass `reset` [..., A] where an episode
         starts (the previous step ended it) and `active` [..., A] for slots that act. `mask` [..., A, n]
-        (StepRecord.action_mask): the actions each slot may take, the only ones played. The actions come
-        back on the observations' device (a policy trained on a GPU plays a CPU env as it is).
+        (StepRecord.action_mask): the actions each slot may take, the only ones played; `moves` (feed-forward
+        policies): `moves(obs, mask, greedy)` where the caller read it already, for several policies of one
+        config. The actions come back on the observations' device (a policy trained on a GPU plays a CPU env as it is).
         """
         if not torch.is_tensor(obs):
             obs = torch.as_tensor(obs)
@@ -85,8 +87,10 @@ class Policy:
         x = self.preprocess(obs)
         mask = None if mask is None else torch.as_tensor(mask, dtype=torch.bool).to(self.device)
         if not self.recurrent:
-            action, _ = self.model.act(x, generator, greedy, mask)
+            action, _ = self.model.act(x, generator, greedy, mask=mask, moves=moves)
             return self.model.head.to_env(action).to(obs.device)
+        if moves is not None:
+            raise ValueError("moves are given to a feed-forward policy's act; this policy has memory")
         slots = obs.shape[: obs.dim() - len(self.observation_space.shape)].numel()  # [..., A]: pixels keep C, H, W
         if self.memory is None or self.memory.batch_size != slots:
             self.memory = self.model.initial_state(slots, self.device)
@@ -94,6 +98,17 @@ class Policy:
         active = active.to(self.device) if active is not None else None
         action, _, _, self.memory = self.model.act_step(x, self.memory, reset, active, generator, greedy, mask)
         return self.model.head.to_env(action).to(obs.device)
+
+    @torch.no_grad()
+    def moves(self, obs: torch.Tensor, mask: torch.Tensor | None = None, greedy: bool = True) -> torch.Tensor | None:
+        """The moves a feed-forward policy's `act` chooses from for observations [..., A, *obs_shape] (the model's
+        `moves`: the mask, narrowed where the model reads the game's rules): the same for every policy of one
+        config, whatever its weights."""
+        if self.recurrent:
+            raise ValueError("moves are read for feed-forward policies; this policy has memory")
+        greedy = greedy if self.fixed_greedy is None else self.fixed_greedy
+        mask = None if mask is None else torch.as_tensor(mask, dtype=torch.bool).to(self.device)
+        return self.model.moves(self.preprocess(torch.as_tensor(obs)), mask, greedy)
 
     @torch.no_grad()
     def value(self, obs: torch.Tensor) -> torch.Tensor:

@@ -176,19 +176,27 @@ class SlotPlan:
     feed-forward policy reads only those slots' observations, and with `rows_only` (an eager CPU step, where
     selecting rows is free) only the envs it plays in: with a pool of P snapshots, forwarding every env
     through each would cost P full batches a step. A policy with memory reads every slot (its memory keeps
-    one row per env slot, whoever plays there next)."""
+    one row per env slot, whoever plays there next). `alike`: the players that are feed-forward copies of one
+    policy (a league's learner and its snapshots): the moves they choose from are a function of the boards alone
+    (`Policy.moves`), read once a step for all of them rather than once by each (with a pool of 20, that read
+    was a third of a connect four step)."""
 
-    def __init__(self, env: VecEnv, players: list[Player], columns: torch.Tensor | None = None):
+    def __init__(self, env: VecEnv, players: list[Player], columns: torch.Tensor | None = None,
+                 alike: Iterable[int] = ()):
         self.env, self.players, self.columns = env, players, columns
+        self.alike = set(alike)
 
     def fill(self, actions: torch.Tensor, who: torch.Tensor, rec: StepRecord, draws: Source, reset: torch.Tensor | None,
              greedy: bool = False, playing: Iterable[int] | None = None, rows_only: bool = False) -> torch.Tensor:
         """`actions` [N, A, ...] with each player's in its slots; `playing`: the players that may act (None:
         every one, the static shape a captured step needs); `reset` [N, A]: the slots whose episode starts."""
-        for i in range(len(self.players)) if playing is None else playing:
+        order = list(range(len(self.players)) if playing is None else playing)
+        shared = self._alike_moves(who, rec, greedy, order, rows_only)
+        for i in order:
             player, mine = self.players[i], who == i
             if self.columns is not None and isinstance(player, Policy) and not player.recurrent:
-                actions = self._fill_columns(actions, mine, player, rec, draws, greedy, rows_only)
+                moves = shared if i in self.alike else None
+                actions = self._fill_columns(actions, mine, player, rec, draws, greedy, rows_only, moves)
             elif isinstance(player, OutsidePlayer):  # asked only for the moves it makes
                 actions = fill_slots(actions, mine, player.actions(self.env, rec, draws, mine))
             else:
@@ -198,20 +206,46 @@ class SlotPlan:
                 actions = fill_slots(actions, mine, play(player, self.env, rec, draws, reset, greedy, rows))
         return actions
 
+    def _alike_moves(self, who: torch.Tensor, rec: StepRecord, greedy: bool, order: list[int],
+                     rows_only: bool) -> tuple[torch.Tensor | None, torch.Tensor] | None:
+        """The moves of the `alike` players that act, read once over the columns: (where each env's row lies in
+        them [N], None: every env in order; the moves [M, C, n]), or None where fewer than two of them act, or
+        the moves are the mask as it is."""
+        alike = [i for i in order if i in self.alike and isinstance(self.players[i], Policy)
+                 and not self.players[i].recurrent]
+        if self.columns is None or len(alike) < 2:
+            return None
+        cols, mask, first = self.columns, rec.action_mask, self.players[alike[0]]
+        if not rows_only:  # every env, the static shape (no host read)
+            moves = first.moves(rec.obs[:, cols], None if mask is None else mask[:, cols], greedy)
+            return None if moves is None else (None, moves)
+        rows = torch.isin(who[:, cols], torch.tensor(alike, device=who.device)).any(-1).nonzero().squeeze(1)
+        if rows.numel() == 0:
+            return None
+        moves = first.moves(rec.obs[rows][:, cols], None if mask is None else mask[rows][:, cols], greedy)
+        if moves is None:
+            return None
+        at = torch.full((who.shape[0],), -1, dtype=torch.long, device=who.device)
+        at[rows] = torch.arange(rows.numel(), device=who.device)
+        return at, moves
+
     def _fill_columns(self, actions: torch.Tensor, mine: torch.Tensor, policy: Policy, rec: StepRecord, draws: Source,
-                      greedy: bool, rows_only: bool) -> torch.Tensor:
+                      greedy: bool, rows_only: bool,
+                      shared: tuple[torch.Tensor | None, torch.Tensor] | None = None) -> torch.Tensor:
         cols, mask = self.columns, rec.action_mask
         mine = mine[:, cols]  # `who` per env [N, A]: a plan with columns is a league's
         if not rows_only:  # every env, the static shape (no host read)
-            other = policy.act(rec.obs[:, cols], greedy=greedy, generator=draws, mask=None if mask is None else mask[:, cols])
+            other = policy.act(rec.obs[:, cols], greedy=greedy, generator=draws, mask=None if mask is None else mask[:, cols],
+                               moves=None if shared is None else shared[1])
             actions = actions.clone()
             actions[:, cols] = fill_slots(actions[:, cols], mine, other)
             return actions
         rows = mine.any(-1).nonzero().squeeze(1)
         if rows.numel() == 0:
             return actions
+        moves = None if shared is None else shared[1][shared[0][rows]]
         other = policy.act(rec.obs[rows][:, cols], greedy=greedy, generator=draws,
-                           mask=None if mask is None else mask[rows][:, cols]).to(actions.dtype)
+                           mask=None if mask is None else mask[rows][:, cols], moves=moves).to(actions.dtype)
         return actions.index_put((rows[:, None], cols[None, :]), other)
 
     def step_state(self) -> dict[str, torch.Tensor]:

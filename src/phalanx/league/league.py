@@ -205,7 +205,8 @@ class League:
         self.bank_start = len(self.players)
         self.bank: list[Policy] = []
         # Who plays: players[i] acts where an env's assign is i (the bank's policies, free or not, included).
-        self.plan = SlotPlan(env, [o.policy or o.outside or o.name for o in self.players], columns=self.slot_index)
+        self.plan = SlotPlan(env, [o.policy or o.outside or o.name for o in self.players], columns=self.slot_index,
+                             alike=[self.bank_start - 1])  # the learner; the bank's copies of it join as it grows
         self.weights = torch.zeros(len(self.players), device=self.device)
         # Finished games per player, by the learner's seat (first, second: seats.py) and outcome.
         self.counts = torch.zeros(len(self.players), len(SEAT_NAMES), 3, device=self.device)
@@ -246,6 +247,7 @@ class League:
     def _grow(self, slots: int) -> None:
         """`slots` more bank slots (frozen copies of the learner, free until a snapshot takes one)."""
         grown = [frozen_copy(self.learner_policy) for _ in range(slots)]
+        self.plan.alike.update(range(len(self.plan.players), len(self.plan.players) + slots))
         self.bank += grown
         self.plan.players += grown
         self.players += [None] * slots

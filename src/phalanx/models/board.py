@@ -252,9 +252,10 @@ class BoardActorCritic(nn.Module):
         """A feed-forward model's memory: none (models/state.py)."""
         return NoMemory()
 
-    def act(self, obs: torch.Tensor, generator: Source = None, greedy: bool = False,
-            mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        out, moves = self.forward_both(obs)[0], self.moves(obs, mask, greedy)
+    def act(self, obs: torch.Tensor, generator: Source = None, greedy: bool = False, mask: torch.Tensor | None = None,
+            moves: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.forward_both(obs)[0]
+        moves = self.moves(obs, mask, greedy) if moves is None else moves
         action = self._greedy(obs, out, moves) if greedy else self.head.sample(out, generator, greedy, moves)
         return action, self.head.log_prob(out, action, moves)
 

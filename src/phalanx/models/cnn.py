@@ -22,7 +22,7 @@ from phalanx.envs.spaces import Space
 from phalanx.model_kinds import LSTM, TRANSFORMER
 from phalanx.models.layers import ACTIVATIONS, Linear, layer_init
 from phalanx.models.memory import LSTMActorCritic, MemorySettings, TransformerActorCritic
-from phalanx.models.mlp import ActionHead
+from phalanx.models.mlp import ActionHead, MaskAsGiven
 from phalanx.models.state import NoMemory
 
 MEMORY_CORES = {LSTM.name: LSTMActorCritic, TRANSFORMER.name: TransformerActorCritic}
@@ -94,7 +94,7 @@ def _trunk(in_dim: int, hidden: tuple[int, ...], activation: str) -> tuple[nn.Mo
     return (nn.Sequential(*layers) if layers else nn.Identity()), in_dim
 
 
-class CNNActorCritic(nn.Module):
+class CNNActorCritic(MaskAsGiven, nn.Module):
     """Drop-in for `MLPActorCritic` over image observations [..., A, C, H, W].
 
     encoder -> optional dense `hidden_sizes` -> linear actor head (ActionHead) and linear critic head.
@@ -167,11 +167,12 @@ class CNNActorCritic(nn.Module):
         return self._value_from(critic_in, None)
 
     def act(
-        self, obs: torch.Tensor, generator: Source = None, greedy: bool = False, mask: torch.Tensor | None = None
+        self, obs: torch.Tensor, generator: Source = None, greedy: bool = False, mask: torch.Tensor | None = None,
+        moves: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        out = self.actor(self.features(obs))
-        action = self.head.sample(out, generator, greedy, mask)
-        return action, self.head.log_prob(out, action, mask)
+        out, moves = self.actor(self.features(obs)), mask if moves is None else moves
+        action = self.head.sample(out, generator, greedy, moves)
+        return action, self.head.log_prob(out, action, moves)
 
     def evaluate(self, obs: torch.Tensor, actions: torch.Tensor,
                  mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

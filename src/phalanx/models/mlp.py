@@ -137,7 +137,14 @@ class ActionHead(nn.Module):
         return actions
 
 
-class MLPActorCritic(nn.Module):
+class MaskAsGiven:
+    """`moves` of a model that reads no game rules: the moves it chooses from are the env's mask as given."""
+
+    def moves(self, obs: torch.Tensor, mask: torch.Tensor | None = None, greedy: bool = False) -> torch.Tensor | None:
+        return mask
+
+
+class MLPActorCritic(MaskAsGiven, nn.Module):
     """Separate actor and critic MLPs (as CleanRL), orthogonally initialised, over [..., A, *].
 
     Multi-agent options: `agent_id` appends a one-hot of the agent slot to the inputs;
@@ -199,11 +206,12 @@ class MLPActorCritic(nn.Module):
         return self.critic(x).squeeze(-1)
 
     def act(
-        self, obs: torch.Tensor, generator: Source = None, greedy: bool = False, mask: torch.Tensor | None = None
+        self, obs: torch.Tensor, generator: Source = None, greedy: bool = False, mask: torch.Tensor | None = None,
+        moves: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        out = self.actor(self.actor_input(obs))
-        action = self.head.sample(out, generator, greedy, mask)
-        return action, self.head.log_prob(out, action, mask)
+        out, moves = self.actor(self.actor_input(obs)), mask if moves is None else moves
+        action = self.head.sample(out, generator, greedy, moves)
+        return action, self.head.log_prob(out, action, moves)
 
     def initial_state(self, batch_size: int, device: torch.device | str | None = None) -> NoMemory:
         """A feed-forward model's memory: none (models/state.py)."""

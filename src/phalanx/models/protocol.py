@@ -40,10 +40,17 @@ class ActorCritic(Protocol):
 
 @runtime_checkable
 class FeedForwardActorCritic(ActorCritic, Protocol):
+    def moves(self, obs: torch.Tensor, mask: torch.Tensor | None = None, greedy: bool = False) -> torch.Tensor | None:
+        """The moves `act` chooses from: `mask` as given, or narrowed where the model reads the game's rules
+        (models/board.py). A function of the observations, the mask and `greedy` alone, never of the weights, so
+        models built from one config share it (a league reads it once for all its snapshots)."""
+        ...
+
     def act(self, obs: torch.Tensor, generator: Source = None, greedy: bool = False,
-            mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            mask: torch.Tensor | None = None, moves: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """obs [..., A, *obs] -> (action [..., A, *act], log-prob [..., A]); `mask` (StepRecord.action_mask,
-        None: every action) the actions each slot may take, on which the log-prob is."""
+        None: every action) the actions each slot may take; `moves`: `moves(obs, mask, greedy)` where the caller
+        has it already (None: read here), the actions chosen from, on which the log-prob is."""
         ...
 
     def act_value(self, obs: torch.Tensor, generator: Source = None, greedy: bool = False,

@@ -18,7 +18,7 @@ from phalanx.consts import constant
 from phalanx.draws import Source
 from phalanx.envs.spaces import Space
 from phalanx.models.layers import ACTIVATIONS, Linear, layer_init, mlp
-from phalanx.models.mlp import ActionHead
+from phalanx.models.mlp import ActionHead, MaskAsGiven
 from phalanx.models.state import NoMemory
 
 DEFAULT_RELAY_ROLES: tuple[int, ...] = (1,)
@@ -169,7 +169,7 @@ class RoleAttention(nn.Module):
         return e, ctx
 
 
-class RoleAttentionActorCritic(nn.Module):
+class RoleAttentionActorCritic(MaskAsGiven, nn.Module):
     """Actor-critic whose agents attend over their neighbours by role (A-MAPPO); a drop-in for
     MLPActorCritic (same act / evaluate / value and shapes) over obs [..., A, D].
 
@@ -278,11 +278,11 @@ class RoleAttentionActorCritic(nn.Module):
 
     def act(
         self, obs: torch.Tensor, generator: Source = None, greedy: bool = False,
-        present: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+        present: torch.Tensor | None = None, mask: torch.Tensor | None = None, moves: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        out = self.actor(self._features(self.actor_attn, obs, present))
-        action = self.head.sample(out, generator, greedy, mask)
-        return action, self.head.log_prob(out, action, mask)
+        out, moves = self.actor(self._features(self.actor_attn, obs, present)), mask if moves is None else moves
+        action = self.head.sample(out, generator, greedy, moves)
+        return action, self.head.log_prob(out, action, moves)
 
     def initial_state(self, batch_size: int, device: torch.device | str | None = None) -> NoMemory:
         """A feed-forward model's memory: none (models/state.py)."""
