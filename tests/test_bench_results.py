@@ -58,7 +58,8 @@ def test_a_pack_holds_every_run_file_and_reads_back_as_the_folder(tmp_path):
                                               ("connect_four/returns", 200),
                                               ("connect_four/mirror", 200),
                                               ("connect_four/pool20", 200),
-                                              ("tictactoe/10M_pool_fixed", 500)])
+                                              ("tictactoe/10M_pool_fixed", 500),
+                                              ("connect_four/pool_fixed", 200)])
 def test_a_games_study_remakes_from_its_pack(folder, episodes):
     """phalanx_bench/studies/games.py over a kept pack: the published table byte for byte (the players a kept study was not
     evaluated against, and walks it kept no checkpoint for, are left out as when it was made)."""
