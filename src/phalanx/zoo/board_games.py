@@ -348,10 +348,12 @@ register(
         # league with the searchers, most of them judging positions (threats_d); greedy play judges the moves the net
         # likes by 16 games played on from each, and solves the last 24 empty cells (a won ending the net drew is won);
         # random openings of up to 6 plies, the longest allowed, took the first seat against the 4-ply search from
-        # 0.85 to 0.99 over seeds 1-3: docs/EXPERIMENTS.md (issue 62) measures each lever alone.
+        # 0.85 to 0.99 over seeds 1-3; a pool of every snapshot of the run (20), not the newest 8, keeps the lines
+        # its early selves played in front of it (the 4-ply search: 0.82 / 0.46 -> 0.94 / 0.79 over seeds 1-3, 4 of 6
+        # seats at 0.8, not 2): docs/EXPERIMENTS.md (issue 62) measures each lever alone.
         train_defaults={**GAME_DEFAULTS, "model": "board", "board_channels": 16, "board_blocks": 0, "lookahead": True,
                         "exact_outcomes": True, "outcome_plies": 2, "play_outcome_plies": 6, "play_rollouts": 16,
-                        "play_solve_empties": 24,
+                        "play_solve_empties": 24, "pool_size": 20,
                         "total_steps": 10_000_000, "env_options": {"opening_plies": 6},
                         "opponents": "self_play:6,learner:2,random:1,tactics_1:1,tactics_2:2,threats_2:2,threats_3:2,threats_4:4"},
     )
