@@ -59,6 +59,7 @@ def test_a_pack_holds_every_run_file_and_reads_back_as_the_folder(tmp_path):
                                               ("connect_four/mirror", 200),
                                               ("connect_four/pool20", 200),
                                               ("connect_four/pool20/heldout", 200),
+                                              ("connect_four/ent1e-2", 200),
                                               ("tictactoe/10M_pool_fixed", 500),
                                               ("connect_four/pool_fixed", 200)])
 def test_a_games_study_remakes_from_its_pack(folder, episodes):
